@@ -1,0 +1,75 @@
+"""Pinning: copy each batch into page-locked host memory, so host-to-device copies can be async.
+
+Mirrors ``torch/utils/data/_utils/pin_memory.py``. ``_pin_memory_loop`` runs in a thread of the
+main process (pinned memory belongs to the process that allocates it), between the workers'
+result queue and the consumer.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import copy
+import queue
+from typing import Any
+
+from minidl.worker import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
+
+
+def pin_memory(data: Any, device: str | None = None) -> Any:
+    """Return ``data`` with every tensor (or object with a ``pin_memory`` method) pinned."""
+    if hasattr(data, "pin_memory"):  # torch.Tensor, or a user type that knows how to pin itself
+        return data.pin_memory()
+    if isinstance(data, str | bytes):
+        return data
+    if isinstance(data, collections.abc.Mapping):
+        pinned = {k: pin_memory(v, device) for k, v in data.items()}
+        try:
+            if isinstance(data, collections.abc.MutableMapping):
+                clone = copy.copy(data)  # keeps the mapping's type and any extra attributes
+                clone.update(pinned)
+                return clone
+            return type(data)(pinned)
+        except TypeError:  # a mapping type we can't rebuild: a plain dict will do
+            return pinned
+    if isinstance(data, tuple):
+        if hasattr(data, "_fields"):  # namedtuple: positional rebuild
+            return type(data)(*(pin_memory(v, device) for v in data))
+        return type(data)(pin_memory(v, device) for v in data)
+    if isinstance(data, collections.abc.Sequence):
+        pinned = [pin_memory(v, device) for v in data]
+        try:
+            if isinstance(data, collections.abc.MutableSequence):
+                clone = copy.copy(data)
+                clone[:] = pinned
+                return clone
+            return type(data)(pinned)
+        except TypeError:
+            return pinned
+    return data
+
+
+def _pin_memory_loop(in_queue, out_queue, done_event, device: str | None) -> None:
+    """Move ``(idx, batch)`` pairs from ``in_queue`` to ``out_queue``, pinning each batch.
+
+    Order is kept (one thread, FIFO). Worker exceptions pass through untouched; a failure to
+    pin becomes an ``ExceptionWrapper`` for the consumer. Stops when ``done_event`` is set.
+    See NOTE [ Worker queues and shutdown ] in dataloader.py.
+    """
+    while not done_event.is_set():
+        try:
+            r = in_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)
+        except queue.Empty:
+            continue
+        idx, data = r
+        if not done_event.is_set() and not isinstance(data, ExceptionWrapper):
+            try:
+                data = pin_memory(data, device)
+            except Exception:
+                data = ExceptionWrapper(where="in pin memory thread")
+            r = (idx, data)
+        while not done_event.is_set():
+            try:
+                out_queue.put(r, timeout=MP_STATUS_CHECK_INTERVAL)
+                break
+            except queue.Full:
+                continue

@@ -1,0 +1,144 @@
+"""Small datasets for the course, the exercises and the tests, each showing one behaviour.
+
+They live in the package, not in notebook cells, because a worker started with ``spawn`` or
+``forkserver`` must import what it runs, and a notebook cell can't be imported.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+
+import numpy as np
+
+from minidl.dataset import Dataset, IterableDataset
+from minidl.worker import get_worker_info
+
+
+class RangeDataset(Dataset):
+    """Items ``0 .. n-1``, as plain ints: the simplest map-style dataset."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for RangeDataset({self.n})")
+        return index
+
+
+class GlobalRandomDataset(RangeDataset):
+    """Each item is ``(index, draws)`` from the global ``random``, NumPy and torch streams.
+
+    The classic augmentation pitfall: the draws depend on how each worker was seeded.
+    """
+
+    def __getitem__(self, index: int):
+        draws = {"random": random.random(), "numpy": float(np.random.rand())}
+        try:
+            import torch
+
+            draws["torch"] = float(torch.rand(()))
+        except ImportError:
+            pass
+        return index, draws
+
+
+class WorkerRandomDataset(RangeDataset):
+    """Like GlobalRandomDataset, but draws from the worker's own generator (safe with threads)."""
+
+    def __getitem__(self, index: int):
+        info = get_worker_info()
+        rng = info.rng if info is not None else np.random.default_rng(index)
+        return index, float(rng.random())
+
+
+class WorkerIdDataset(RangeDataset):
+    """Each item is ``(index, worker id, worker seed, pid)``: which worker fetched what."""
+
+    def __getitem__(self, index: int):
+        info = get_worker_info()
+        if info is None:
+            return index, -1, -1, os.getpid()
+        return index, info.id, info.seed, os.getpid()
+
+
+class SlowDataset(RangeDataset):
+    """Sleeps ``delay`` seconds per item, and ``slow_delay`` for the items in ``slow``."""
+
+    def __init__(self, n: int, delay: float = 0.0, slow: tuple[int, ...] = (), slow_delay: float = 0.5):
+        super().__init__(n)
+        self.delay, self.slow, self.slow_delay = delay, tuple(slow), slow_delay
+
+    def __getitem__(self, index: int) -> int:
+        time.sleep(self.slow_delay if index in self.slow else self.delay)
+        return super().__getitem__(index)
+
+
+class FailingDataset(RangeDataset):
+    """Raises ``exc_type`` when asked for ``bad_index``: a bug inside a worker."""
+
+    def __init__(self, n: int, bad_index: int, exc_type: type[Exception] = KeyError):
+        super().__init__(n)
+        self.bad_index, self.exc_type = bad_index, exc_type
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.bad_index:
+            raise self.exc_type(f"bad sample {index}")
+        return super().__getitem__(index)
+
+
+class DyingDataset(RangeDataset):
+    """Kills the worker process fetching ``bad_index``: ``how`` is "sigkill", "exit" or "segfault"."""
+
+    def __init__(self, n: int, bad_index: int, how: str = "sigkill"):
+        super().__init__(n)
+        self.bad_index, self.how = bad_index, how
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.bad_index and get_worker_info() is not None:
+            if self.how == "sigkill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif self.how == "exit":
+                os._exit(3)
+            else:
+                import ctypes
+
+                ctypes.string_at(0)  # reads address 0: a real segmentation fault
+        return super().__getitem__(index)
+
+
+class ShardedRange(IterableDataset):
+    """Streams ``start .. end-1``; with workers, each takes its own contiguous shard."""
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        info = get_worker_info()
+        if info is None:
+            return iter(range(self.start, self.end))
+        per_worker = -(-(self.end - self.start) // info.num_workers)  # ceil division
+        lo = self.start + info.id * per_worker
+        return iter(range(lo, min(lo + per_worker, self.end)))
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+class UnshardedRange(ShardedRange):
+    """The same stream, but every worker replays all of it: the duplicated-data mistake."""
+
+    def __iter__(self):
+        return iter(range(self.start, self.end))
+
+
+def seed_numpy_from_worker(worker_id: int) -> None:
+    """A ``worker_init_fn`` that reseeds NumPy's global stream from the worker's seed."""
+    info = get_worker_info()
+    np.random.seed(info.seed % 2**32)

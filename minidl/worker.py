@@ -1,0 +1,298 @@
+"""The worker loop: what each DataLoader worker runs, in a process or in a thread.
+
+Mirrors ``torch/utils/data/_utils/worker.py`` (plus ``ExceptionWrapper`` from ``torch/_utils.py``).
+Everything here lives at module top level so it can be pickled by reference under the ``spawn``
+and ``forkserver`` start methods: a worker can only run what it can import.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import sys
+import threading
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from minidl import _random
+from minidl.fetch import _DatasetKind
+
+# How often (seconds) a waiting worker checks that its parent is alive, and a waiting main
+# process checks that its workers are. torch uses 5.0; a shorter interval reports a dead worker
+# sooner and costs nothing while batches flow.
+MP_STATUS_CHECK_INTERVAL = 1.0
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What a worker knows about itself; ``get_worker_info()`` returns it inside a worker."""
+
+    id: int
+    num_workers: int
+    seed: int
+    dataset: Any
+    worker_method: str = "multiprocessing"  # or "thread"
+    rng: Any = field(default=None, repr=False)  # this worker's own numpy.random.Generator
+
+
+# A process worker sets the module global; a thread worker shares the module with the main
+# thread and its sibling workers, so it keeps its WorkerInfo in thread-local storage instead.
+_worker_info: WorkerInfo | None = None
+_thread_local = threading.local()
+
+
+def get_worker_info() -> WorkerInfo | None:
+    """The current worker's ``WorkerInfo``, or ``None`` in the main process (as in torch)."""
+    return getattr(_thread_local, "info", None) or _worker_info
+
+
+class ExceptionWrapper:
+    """An exception caught in a worker, carried to the main process with its traceback."""
+
+    def __init__(self, where: str) -> None:
+        exc_type, exc, tb = sys.exc_info()
+        self.exc_type = exc_type
+        self.exc_msg = "".join(traceback.format_exception(exc_type, exc, tb))
+        self.where = where
+
+    def reraise(self):
+        """Raise the same exception type here, its message holding the worker's traceback."""
+        msg = f"Caught {self.exc_type.__name__} {self.where}.\nOriginal {self.exc_msg}"
+        if self.exc_type is KeyError:
+            msg = _KeyErrorMessage(msg)  # KeyError repr()s its argument; keep newlines readable
+        try:
+            exception = self.exc_type(msg)
+        except Exception:
+            # Some exception types need more than one argument: fall back as torch does.
+            raise RuntimeError(msg) from None
+        raise exception
+
+
+class _KeyErrorMessage(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+@dataclass(frozen=True)
+class _IterableDatasetStopIteration:
+    """Sent by a worker whose IterableDataset replica is exhausted."""
+
+    worker_id: int
+
+
+@dataclass(frozen=True)
+class _ResumeIteration:
+    """Sent to persistent workers at the start of each new epoch; echoed back as an ack."""
+
+    seed: int | None = None
+
+
+class ManagerWatchdog:
+    """Lets a process worker notice that the main process died (it is re-parented)."""
+
+    def __init__(self) -> None:
+        self.manager_pid = os.getppid()
+
+    def is_alive(self) -> bool:
+        return os.getppid() == self.manager_pid
+
+
+class _ThreadWatchdog:
+    """A thread worker's parent is the main thread: stop if the interpreter is shutting down."""
+
+    def is_alive(self) -> bool:
+        return threading.main_thread().is_alive()
+
+
+def _generate_state(base_seed: int, worker_id: int) -> list[int]:
+    """Four 32-bit words seeding a worker's NumPy RNG from (base_seed, worker_id), as torch does.
+
+    An avalanche hash (the SeedSequence construction) so neighbouring worker ids get unrelated
+    streams; torch computes exactly this, so NumPy draws in workers match torch's.
+    """
+    mask32 = 0xFFFFFFFF
+    entropy = [worker_id, base_seed & mask32, base_seed >> 32, 0]
+    hash_const_a = 0x43B0D7E5
+
+    def hash32(value: int) -> int:
+        nonlocal hash_const_a
+        value = (value ^ hash_const_a) & mask32
+        hash_const_a = (hash_const_a * 0x931E8875) & mask32
+        value = (value * hash_const_a) & mask32
+        return (value ^ (value >> 16)) & mask32
+
+    def mix(x: int, y: int) -> int:
+        result = ((0xCA01F9DD * x) - (0x4973F715 * y)) & mask32
+        return (result ^ (result >> 16)) & mask32
+
+    pool = [hash32(e) for e in entropy]
+    for src in range(4):
+        for dst in range(4):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hash32(pool[src]))
+
+    hash_const_b = 0x8B51F9DD
+    state = []
+    for value in pool:
+        value = (value ^ hash_const_b) & mask32
+        hash_const_b = (hash_const_b * 0x58F38DED) & mask32
+        value = (value * hash_const_b) & mask32
+        state.append((value ^ (value >> 16)) & mask32)
+    return state
+
+
+def _seed_worker(base_seed: int, worker_id: int, worker_method: str) -> tuple[int, np.random.Generator]:
+    """Seed this worker's random streams; return its seed and its own NumPy generator.
+
+    A process worker owns its interpreter, so it seeds the global ``random``, torch and NumPy
+    streams exactly as torch does. Thread workers share those globals with each other and the
+    main thread, so they leave them alone and use the per-worker generator instead.
+    """
+    seed = base_seed + worker_id
+    np_state = _generate_state(base_seed, worker_id)
+    if worker_method == "multiprocessing":
+        random.seed(seed)
+        np.random.seed(np_state)
+        if _random.HAS_TORCH:
+            import torch
+
+            torch.set_num_threads(1)  # N workers x all cores of intra-op threads would oversubscribe
+            torch.manual_seed(seed)
+    return seed, np.random.default_rng(np_state)
+
+
+def _tell_torch(info: WorkerInfo) -> None:
+    """Let a dataset written for torch (calling torch's get_worker_info) shard itself here too."""
+    torch_worker = sys.modules.get("torch.utils.data._utils.worker")
+    if torch_worker is not None:
+        torch_worker._worker_info = torch_worker.WorkerInfo(
+            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+        )
+
+
+def _worker_loop(
+    dataset_kind,
+    dataset,
+    index_queue,
+    data_queue,
+    done_event,
+    auto_collation,
+    collate_fn,
+    drop_last,
+    base_seed,
+    init_fn,
+    worker_id,
+    num_workers,
+    persistent_workers,
+    worker_method="multiprocessing",
+) -> None:
+    """Fetch batches for the tasks on ``index_queue`` and put the results on ``data_queue``.
+
+    See NOTE [ Worker queues and shutdown ] in dataloader.py for the protocol. A task is
+    ``(task_idx, indices)``; the answer is ``(task_idx, batch)``, where batch may be an
+    ``ExceptionWrapper`` or, for an exhausted IterableDataset, ``_IterableDatasetStopIteration``.
+    """
+    global _worker_info
+    in_thread = worker_method == "thread"
+    try:
+        seed, rng = _seed_worker(base_seed, worker_id, worker_method)
+        info = WorkerInfo(worker_id, num_workers, seed, dataset, worker_method, rng)
+        if in_thread:
+            _thread_local.info = info
+        else:
+            _worker_info = info
+            _tell_torch(info)
+
+        # An error in worker_init_fn or building the fetcher is reported on the first task,
+        # so it surfaces in the main process as a normal exception, not a dead worker.
+        init_exception = None
+        fetcher = None
+        try:
+            if init_fn is not None:
+                init_fn(worker_id)
+            fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
+        except Exception:
+            init_exception = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+
+        iteration_end = False  # this replica of an IterableDataset has run out
+        watchdog = _ThreadWatchdog() if in_thread else ManagerWatchdog()
+        while watchdog.is_alive():
+            try:
+                r = index_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)
+            except queue.Empty:
+                continue
+            if isinstance(r, _ResumeIteration):
+                data_queue.put((r, None))  # ack, so the main process knows the epoch starts clean
+                iteration_end = False
+                fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
+                continue
+            if r is None:  # the sentinel: shutdown, or this worker is no longer needed
+                break
+            if done_event.is_set() or iteration_end:
+                continue  # drain the queue without working until the sentinel arrives
+            idx, index = r
+            if init_exception is not None:
+                data, init_exception = init_exception, None
+            else:
+                try:
+                    data = fetcher.fetch(index)
+                except StopIteration:
+                    if dataset_kind != _DatasetKind.Iterable:
+                        data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+                    else:
+                        data = _IterableDatasetStopIteration(worker_id)
+                        iteration_end = True
+                except Exception:
+                    data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+            data_queue.put((idx, data))
+            del data, idx, index, r  # drop references now: a batch may be large
+    except KeyboardInterrupt:
+        pass  # the main process decides what Ctrl-C means; the worker just exits quietly
+    finally:
+        if in_thread:
+            _thread_local.info = None
+    if done_event.is_set() and not in_thread:
+        # Don't wait at exit for the feeder thread to flush results nobody will read.
+        data_queue.cancel_join_thread()
+        data_queue.close()
+
+
+# --- thread workers -------------------------------------------------------------------------
+# The multi-worker iterator talks to a "context" that makes queues, events and workers. For
+# process workers that is a multiprocessing context; for thread workers it is this adapter, so
+# the same iterator and the same _worker_loop drive both.
+
+
+class _ThreadQueue(queue.Queue):
+    """A queue.Queue with the two multiprocessing.Queue methods the shutdown protocol calls."""
+
+    def cancel_join_thread(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _WorkerThread(threading.Thread):
+    """A worker thread that answers the questions the iterator asks of a worker process."""
+
+    pid = None  # threads share the main process's pid
+    exitcode = None
+
+    def terminate(self) -> None:
+        pass  # a thread can't be killed from outside: it exits when it sees the sentinel
+
+
+class _ThreadContext:
+    """Stands in for a multiprocessing context when ``worker_method="thread"``."""
+
+    Queue = _ThreadQueue
+    Event = threading.Event
+
+    @staticmethod
+    def Process(target, args, name=None) -> _WorkerThread:  # noqa: N802 -- multiprocessing's spelling
+        return _WorkerThread(target=target, args=args, name=name)

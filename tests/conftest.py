@@ -1,0 +1,62 @@
+"""Shared fixtures: torch as the oracle, and a check that nothing a loader started outlives it."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+# multiprocessing's own helpers (started once by spawn/forkserver, kept for the session) are
+# not DataLoader workers.
+_MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def _alive_children():
+    import psutil
+
+    alive = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() == "zombie" or any(h in " ".join(p.cmdline()) for h in _MP_HELPERS):
+                continue
+        except psutil.NoSuchProcess:
+            continue
+        alive.append(p)
+    return alive
+
+
+def _worker_threads():
+    return [t for t in threading.enumerate() if t.name.startswith(("minidl_worker", "minidl_pin"))]
+
+
+def wait_until_clean(timeout: float = 5.0) -> tuple[list, list]:
+    """Wait up to ``timeout`` s for worker processes and threads to go; return what is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        procs, threads = _alive_children(), _worker_threads()
+        if (not procs and not threads) or time.monotonic() > deadline:
+            return procs, threads
+        time.sleep(0.05)
+
+
+def shm_segments() -> set[str]:
+    try:
+        return {n for n in os.listdir("/dev/shm") if n.startswith(("torch_", "psm_", "mp-"))}
+    except FileNotFoundError:
+        return set()
+
+
+@pytest.fixture
+def no_leaks():
+    """Fails the test if a worker process, worker thread or shm segment survives it by 5 s."""
+    import gc
+
+    before_shm = shm_segments()
+    yield
+    gc.collect()
+    procs, threads = wait_until_clean(5.0)
+    assert not procs, f"worker processes survived: {procs}"
+    assert not threads, f"worker threads survived: {threads}"
+    assert shm_segments() <= before_shm, f"shared memory left behind: {shm_segments() - before_shm}"
