@@ -1,0 +1,49 @@
+"""The project's setup files agree: environment.yml pins exactly what pyproject.toml pins."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pins(requirements) -> dict[str, str]:
+    pins = {}
+    for req in requirements:
+        m = re.fullmatch(r"\s*([A-Za-z0-9_.-]+)\s*==\s*([^\s;]+)\s*", req)
+        assert m, f"not an exact pin: {req!r}"
+        pins[m.group(1).lower()] = m.group(2)
+    return pins
+
+
+def pyproject_pins() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        reqs += extra
+    return _pins(reqs)
+
+
+def environment_pins() -> dict[str, str]:
+    # environment.yml's pip section is a flat list of "- name==version" lines under "- pip:".
+    lines = (ROOT / "environment.yml").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip() == "- pip:")
+    reqs = [line.strip()[2:] for line in lines[start + 1:] if line.strip().startswith("- ")]
+    return _pins(reqs)
+
+
+def test_environment_yml_and_pyproject_name_the_same_packages_and_pins():
+    assert environment_pins() == pyproject_pins()
+
+
+def test_torch_is_pinned_to_2_13_0():
+    assert pyproject_pins()["torch"] == "2.13.0"
+
+
+def test_environment_yml_python_matches_requires_python():
+    text = (ROOT / "environment.yml").read_text()
+    version = re.search(r"-\s*python=(\d+\.\d+)", text).group(1)
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert requires == f">={version}"

@@ -1,0 +1,151 @@
+"""Fault injection: errors, dead workers, timeouts and every way an iterator ends, without hangs or leaks.
+
+Each test runs under pytest-timeout, so a hang fails the test instead of stalling CI, and under
+the ``no_leaks`` fixture: no worker process (zombies included), worker thread or shared-memory
+segment may outlive it by more than 5 s.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import minidl
+from minidl import toy
+
+pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
+
+METHODS = ["multiprocessing", "thread"]
+
+
+@pytest.mark.parametrize("worker_method", METHODS)
+@pytest.mark.parametrize("exc_type", [KeyError, ValueError, IndexError])
+def test_worker_exception_reaches_consumer_with_type_worker_id_and_traceback(worker_method, exc_type):
+    # index 5 is in the third batch of 2, which round-robin sends to worker 0 of 2
+    loader = minidl.DataLoader(toy.FailingDataset(10, bad_index=5, exc_type=exc_type), batch_size=2,
+                               num_workers=2, worker_method=worker_method)
+    got = []
+    with pytest.raises(exc_type) as info:
+        for batch in loader:
+            got.append(batch.tolist())
+    msg = str(info.value)
+    assert f"Caught {exc_type.__name__} in DataLoader worker process 0" in msg
+    assert "Original Traceback" in msg and "bad sample 5" in msg and "toy.py" in msg
+    assert got == [[0, 1], [2, 3]]  # the batches before the bad one arrived, in order
+
+
+def test_worker_init_fn_failure_is_reported_as_an_exception():
+    loader = minidl.DataLoader(toy.RangeDataset(4), num_workers=1, worker_init_fn=_failing_init)
+    with pytest.raises(ZeroDivisionError, match="worker process 0"):
+        list(loader)
+
+
+def _failing_init(worker_id):
+    return 1 / 0
+
+
+@pytest.mark.parametrize("how", ["sigkill", "exit", "segfault"])
+def test_dead_worker_raises_runtime_error_naming_pid_and_exit_status(how):
+    loader = minidl.DataLoader(toy.DyingDataset(20, bad_index=6, how=how), batch_size=2, num_workers=2)
+    with pytest.raises(RuntimeError, match=r"exited unexpectedly: pid \d+ \(exit code -?\d+") as info:
+        list(loader)
+    expected = {"sigkill": "exit code -9, killed by SIGKILL", "exit": "exit code 3",
+                "segfault": "exit code -11, killed by SIGSEGV"}[how]
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize("worker_method", METHODS)
+def test_timeout_raises_runtime_error_naming_it(worker_method):
+    loader = minidl.DataLoader(toy.SlowDataset(6, slow=(2,), slow_delay=2.0), batch_size=1, num_workers=1,
+                               timeout=0.5, worker_method=worker_method)
+    it = iter(loader)
+    assert [int(next(it)), int(next(it))] == [0, 1]
+    with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
+        next(it)
+
+
+@pytest.mark.parametrize("worker_method", METHODS)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("how", ["exhaust", "break", "del", "gc", "consumer_error", "keyboard_interrupt"])
+def test_every_way_to_stop_leaves_nothing_running(worker_method, persistent, how):
+    loader = minidl.DataLoader(toy.RangeDataset(40), batch_size=2, num_workers=2, worker_method=worker_method,
+                               persistent_workers=persistent)
+    if how == "exhaust":
+        assert len(list(loader)) == 20
+    elif how == "break":
+        for i, _ in enumerate(loader):
+            if i == 3:
+                break
+    elif how in ("del", "gc"):
+        it = iter(loader)
+        next(it)
+        if how == "gc":
+            it.cycle = it  # a reference cycle: only the garbage collector can free it
+        del it
+    elif how == "consumer_error":
+        with pytest.raises(ZeroDivisionError):
+            for _ in loader:
+                1 / 0
+    else:
+        with pytest.raises(KeyboardInterrupt):
+            for i, _ in enumerate(loader):
+                if i == 2:
+                    raise KeyboardInterrupt
+    del loader  # persistent workers live as long as their loader
+    gc.collect()
+    # the no_leaks fixture now checks every worker is gone within 5 s
+
+
+SCRIPT = textwrap.dedent("""
+    import json, os, signal, sys, time
+    import psutil
+    import minidl
+    from minidl import toy
+
+    worker_method, persistent, ending = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+    loader = minidl.DataLoader(toy.SlowDataset(1000, delay=0.01), batch_size=2, num_workers=2,
+                               worker_method=worker_method, persistent_workers=persistent)
+    it = iter(loader)
+    next(it)
+    print(json.dumps([p.pid for p in psutil.Process().children()]), flush=True)
+    if ending == "sigint":
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in it:
+                pass
+        except KeyboardInterrupt:
+            del it
+            print("interrupted", flush=True)
+    # else: fall off the end of the script while the iterator is alive and mid-epoch
+""")
+
+
+@pytest.mark.parametrize("worker_method", METHODS)
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("ending", ["exit", "sigint"])
+def test_interpreter_exit_while_iterating_does_not_hang(worker_method, persistent, ending, tmp_path):
+    import psutil
+
+    script = tmp_path / "iterate_and_exit.py"
+    script.write_text(SCRIPT)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    proc = subprocess.run([sys.executable, str(script), worker_method, "1" if persistent else "0", ending],
+                          capture_output=True, text=True, timeout=45, env=env)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    if ending == "sigint":
+        assert lines[-1] == "interrupted"
+    worker_pids = json.loads(lines[0])
+    assert worker_method == "thread" or len(worker_pids) >= 2
+    for pid in worker_pids:  # orphans would have been re-parented and still be running
+        try:
+            p = psutil.Process(pid)
+            assert not p.is_running() or p.status() == "zombie" and p.ppid() != os.getpid(), f"pid {pid} survived"
+        except psutil.NoSuchProcess:
+            pass
