@@ -27,6 +27,7 @@ from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
 from minidl.fetch import _DatasetKind
 from minidl.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from minidl.trace import Recorder, Trace, now
 from minidl.worker import (
     MP_STATUS_CHECK_INTERVAL,
     ExceptionWrapper,
@@ -66,8 +67,9 @@ def _accelerator_available() -> bool:
 class DataLoader:
     """Combines a dataset and a sampler into an iterable over batches, as ``torch.utils.data.DataLoader``.
 
-    ``worker_method`` (minidl's addition) runs the ``num_workers`` workers as processes
-    (``"multiprocessing"``, torch's only choice) or as threads (``"thread"``).
+    minidl's additions: ``worker_method`` runs the ``num_workers`` workers as processes
+    (``"multiprocessing"``, torch's only choice) or as threads (``"thread"``); ``trace=True`` records
+    every step of every batch into ``loader.trace`` (a ``minidl.trace.Trace``).
     """
 
     def __init__(
@@ -91,6 +93,7 @@ class DataLoader:
         pin_memory_device: str = "",
         in_order: bool = True,
         worker_method: str = "multiprocessing",
+        trace: bool | Trace = False,
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -178,6 +181,11 @@ class DataLoader:
             collate_fn = default_collate if self._auto_collation else default_convert
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
+        if trace is True:
+            trace = Trace()
+        self.trace = trace or None
+        if self.trace is not None:
+            self.trace.num_workers, self.trace.worker_method, self.trace.in_order = num_workers, worker_method, in_order
         self._IterableDataset_len_called = None  # len(self) as reported, to warn on overrun
         self._iterator = None  # kept between epochs only with persistent_workers
         self.__initialized = True
@@ -303,6 +311,12 @@ class _BaseDataLoaderIter:
         self._base_seed = _random.draw_seed(loader.generator)
         self._persistent_workers = loader.persistent_workers
         self._num_yielded = 0
+        # Tracing (minidl/trace.py); all None when off, so the untraced path pays one `is None`.
+        self._trace = loader.trace
+        self._recorder = Recorder("main") if self._trace is not None else None
+        self._consumer_recorder = Recorder("consumer") if self._trace is not None else None
+        self._trace_batch = None  # task idx of the batch being handed back
+        self._last_yield = None  # when the consumer last got a batch
 
     def __iter__(self):
         return self
@@ -319,7 +333,7 @@ class _BaseDataLoaderIter:
         raise NotImplementedError
 
     def __next__(self):
-        data = self._next_data()
+        data = self._next_data() if self._trace is None else self._traced_next_data()
         self._num_yielded += 1
         reported = self._IterableDataset_len_called
         if self._dataset_kind == _DatasetKind.Iterable and reported is not None and self._num_yielded > reported:
@@ -330,6 +344,22 @@ class _BaseDataLoaderIter:
             if self._num_workers > 0:
                 msg += "With workers, each replica of the IterableDataset must shard itself (get_worker_info)."
             warnings.warn(msg, stacklevel=2)
+        return data
+
+    def _traced_next_data(self):
+        """``_next_data``, recording the consumer's time since the last batch and the wait for this one."""
+        start = now()
+        if self._last_yield is not None:
+            self._consumer_recorder.add("consumer", self._trace_batch, self._last_yield, start)
+            self._trace.extend(self._consumer_recorder.take())
+        try:
+            data = self._next_data()
+        finally:
+            self._trace.extend(self._recorder.take())  # what happened inside, even on StopIteration
+        self._last_yield = end = now()
+        self._recorder.add("wait", self._trace_batch, start, end)
+        self._recorder.add("yield", self._trace_batch, end)
+        self._trace.extend(self._recorder.take())
         return data
 
     def __len__(self) -> int:
@@ -350,11 +380,17 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
 
     def _next_data(self):
         index = self._next_index()  # may raise StopIteration
+        if self._recorder is not None:
+            self._trace_batch = self._dataset_fetcher.batch = self._num_yielded
+            self._dataset_fetcher.recorder = self._recorder
         data = self._dataset_fetcher.fetch(index)  # may raise StopIteration
         if self._pin_memory:
             from minidl.pin_memory import pin_memory
 
+            start = now()
             data = pin_memory(data, self._pin_memory_device)
+            if self._recorder is not None:
+                self._recorder.add("pin", self._trace_batch, start, now())
         return data
 
 
@@ -445,6 +481,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     self._num_workers,
                     self._persistent_workers,
                     self._worker_method,
+                    self._trace is not None,
                 ),
                 name=f"minidl_worker_{i}",
             )
@@ -466,6 +503,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     self._data_queue,
                     self._pin_memory_thread_done_event,
                     self._pin_memory_device,
+                    Recorder("pin") if self._trace is not None else None,
                 ),
                 daemon=True,
                 name="minidl_pin_memory",
@@ -490,6 +528,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._workers_status = [True] * self._num_workers  # False once a worker is told to stop
         self._workers_num_tasks = [0] * self._num_workers  # tasks in flight per worker
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
+        self._received_at = {}  # tracing only: task idx -> when it arrived early
         if not first_iter:
             # Persistent workers: tell each one a new epoch begins and wait for every ack, so no
             # stale result from the last epoch can be mistaken for one of this epoch.
@@ -497,9 +536,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 index_queue.put(_ResumeIteration())
             acks = self._num_workers
             while acks > 0:
-                return_idx, _ = self._get_data()
-                if isinstance(return_idx, _ResumeIteration):
-                    acks -= 1
+                if isinstance(self._get_data()[0], _ResumeIteration):
+                    acks -= 1  # anything else is a stale result of the last epoch: dropped
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
@@ -537,6 +575,10 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 return data
 
     def _next_data(self):
+        # Tracing only: since when has a later batch sat ready while we wait for this one?
+        held_since = None
+        if self._recorder is not None and any(len(v) == 2 for v in self._task_info.values()):
+            held_since = now()
         while True:
             # Skip tasks that will never be answered (their worker stopped: an exhausted
             # IterableDataset replica) until the next task that has data or is still coming.
@@ -556,11 +598,16 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             # The next task in order already arrived early: hand it back from the buffer.
             if len(self._task_info[self._rcvd_idx]) == 2:
                 worker_id, data = self._task_info.pop(self._rcvd_idx)
+                if self._recorder is not None:
+                    self._recorder.add("reorder", self._rcvd_idx, self._received_at.pop(self._rcvd_idx), now())
                 self._rcvd_idx += 1
-                return self._process_data(data, worker_id)
+                return self._process_data(data, worker_id, self._rcvd_idx - 1)
 
-            idx, data = self._get_data()
+            idx, data, *events = self._get_data()
             self._tasks_outstanding -= 1
+            if self._recorder is not None:
+                self._trace.extend(events[0] if events else [])
+                self._recorder.instant("receive", idx)
             if isinstance(data, _IterableDatasetStopIteration):
                 # This replica is exhausted: stop sending it work (but keep persistent ones).
                 if self._persistent_workers:
@@ -573,12 +620,17 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             if idx != self._rcvd_idx:
                 if not self._in_order:
                     worker_id = self._task_info.pop(idx)[0]
-                    return self._process_data(data, worker_id)
+                    return self._process_data(data, worker_id, idx)
                 self._task_info[idx] += (data,)  # early: hold it in the reorder buffer
+                if self._recorder is not None:
+                    self._received_at[idx] = now()
+                    held_since = held_since or now()
             else:
                 worker_id = self._task_info.pop(idx)[0]
                 self._rcvd_idx += 1
-                return self._process_data(data, worker_id)
+                if held_since is not None:
+                    self._recorder.add("reorder_block", idx, held_since, now())
+                return self._process_data(data, worker_id, idx)
 
     def _try_put_index(self) -> None:
         """Send the next batch of indices to the next active worker, round-robin."""
@@ -599,13 +651,16 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         else:
             return  # no active worker can take it
 
+        if self._recorder is not None:
+            self._recorder.instant("send", self._send_idx, worker=worker_queue_idx)
         self._index_queues[worker_queue_idx].put((self._send_idx, index))
         self._task_info[self._send_idx] = (worker_queue_idx,)
         self._workers_num_tasks[worker_queue_idx] += 1
         self._tasks_outstanding += 1
         self._send_idx += 1
 
-    def _process_data(self, data, worker_id: int):
+    def _process_data(self, data, worker_id: int, idx: int):
+        self._trace_batch = idx
         self._workers_num_tasks[worker_id] -= 1
         self._try_put_index()  # a slot freed: keep the pipeline full
         if isinstance(data, ExceptionWrapper):

@@ -21,7 +21,8 @@ class _BaseDatasetFetcher:
         self.auto_collation = auto_collation  # True: the sampler yields lists of indices (batches)
         self.collate_fn = collate_fn
         self.drop_last = drop_last
-
+        self.recorder = None  # a minidl.trace.Recorder when the DataLoader traces, else None
+        self.batch = None  # the task being fetched, for the recorder
     def fetch(self, possibly_batched_index: Index) -> Any:
         """The collated batch (or converted sample) for ``possibly_batched_index``."""
         raise NotImplementedError
@@ -36,6 +37,8 @@ class _MapDatasetFetcher(_BaseDatasetFetcher):
             return self.collate_fn(self.dataset[possibly_batched_index])
         # A dataset may fetch a whole batch at once (one database query, one slice of an array);
         # setting __getitems__ = None switches that off, as in torch.
+        if self.recorder is not None:
+            return self._traced_fetch(possibly_batched_index)
         if getattr(self.dataset, "__getitems__", None):
             data = self.dataset.__getitems__(possibly_batched_index)
         else:
@@ -43,6 +46,20 @@ class _MapDatasetFetcher(_BaseDatasetFetcher):
             for idx in possibly_batched_index:
                 data.append(self.dataset[idx])
         return self.collate_fn(data)
+
+    def _traced_fetch(self, possibly_batched_index: Index) -> Any:
+        """The same steps as ``fetch``, each recorded as a span (see minidl/trace.py)."""
+        rec, batch = self.recorder, self.batch
+        with rec.span("fetch", batch):
+            if getattr(self.dataset, "__getitems__", None):
+                data = self.dataset.__getitems__(possibly_batched_index)
+            else:
+                data = []
+                for idx in possibly_batched_index:
+                    with rec.span("getitem", batch, index=idx):
+                        data.append(self.dataset[idx])
+        with rec.span("collate", batch):
+            return self.collate_fn(data)
 
 
 class _IterableDatasetFetcher(_BaseDatasetFetcher):

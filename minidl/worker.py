@@ -189,12 +189,14 @@ def _worker_loop(
     num_workers,
     persistent_workers,
     worker_method="multiprocessing",
+    trace=False,
 ) -> None:
     """Fetch batches for the tasks on ``index_queue`` and put the results on ``data_queue``.
 
     See NOTE [ Worker queues and shutdown ] in dataloader.py for the protocol. A task is
     ``(task_idx, indices)``; the answer is ``(task_idx, batch)``, where batch may be an
     ``ExceptionWrapper`` or, for an exhausted IterableDataset, ``_IterableDatasetStopIteration``.
+    With ``trace``, the answer carries a third element: this task's events (minidl/trace.py).
     """
     global _worker_info
     in_thread = worker_method == "thread"
@@ -219,6 +221,11 @@ def _worker_loop(
             init_exception = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
 
         iteration_end = False  # this replica of an IterableDataset has run out
+        recorder = None
+        if trace:
+            from minidl.trace import Recorder
+
+            recorder = Recorder(f"worker {worker_id}")
         watchdog = _ThreadWatchdog() if in_thread else ManagerWatchdog()
         while watchdog.is_alive():
             try:
@@ -235,6 +242,8 @@ def _worker_loop(
             if done_event.is_set() or iteration_end:
                 continue  # drain the queue without working until the sentinel arrives
             idx, index = r
+            if recorder is not None and fetcher is not None:
+                fetcher.recorder, fetcher.batch = recorder, idx
             if init_exception is not None:
                 data, init_exception = init_exception, None
             else:
@@ -248,7 +257,11 @@ def _worker_loop(
                         iteration_end = True
                 except Exception:
                     data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
-            data_queue.put((idx, data))
+            if recorder is None:
+                data_queue.put((idx, data))
+            else:
+                recorder.instant("put", idx)
+                data_queue.put((idx, data, recorder.take()))
             del data, idx, index, r  # drop references now: a batch may be large
     except KeyboardInterrupt:
         pass  # the main process decides what Ctrl-C means; the worker just exits quietly

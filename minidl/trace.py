@@ -1,0 +1,261 @@
+"""See inside the loader: an event for every step of a batch's life, and what they add up to.
+
+``DataLoader(..., trace=True)`` records, per batch: the indices sent to a worker, each
+``__getitem__``, the collate, the put on the result queue, the receipt in the main process, time
+held in the reorder buffer, pinning, the hand-over to the consumer, and the consumer's own time
+between batches. This module turns those events into rows, a timeline (Gantt) plot, a Chrome
+trace (open it in Perfetto or chrome://tracing) and a diagnosis of where the time goes.
+PyTorch has no counterpart; the names follow the loader's own (``_send_idx``, the reorder buffer).
+
+Clocks: ``time.perf_counter()`` is the system-wide monotonic clock on Linux and macOS, so events
+recorded in worker processes and in the main process share one time axis.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+now = time.perf_counter
+
+# The steps of a batch's life, in the order they happen. Spans have a duration; the others are
+# instants (start == end).
+# "reorder_block" is a span of the consumer's wait during which a later batch was already ready.
+SPANS = ("getitem", "fetch", "collate", "reorder", "reorder_block", "pin", "wait", "consumer")
+STEPS = ("send", "fetch", "getitem", "collate", "put", "receive", "reorder", "reorder_block", "pin", "wait",
+         "yield", "consumer")
+
+
+class Recorder:
+    """Collects events in one place (a worker, the pin thread, the main process) for one lane."""
+
+    def __init__(self, lane: str) -> None:
+        self.lane = lane
+        self.events: list[dict] = []
+
+    def add(self, event: str, batch: int, start: float, end: float | None = None, **args) -> None:
+        self.events.append({"event": event, "lane": self.lane, "batch": batch, "start": start,
+                            "end": start if end is None else end, "pid": os.getpid(),
+                            "tid": threading.get_native_id(), **args})
+
+    def instant(self, event: str, batch: int, **args) -> None:
+        self.add(event, batch, now(), **args)
+
+    @contextmanager
+    def span(self, event: str, batch: int, **args):
+        """Record the enclosed block; ``cpu`` is the CPU time this thread spent in it."""
+        start, cpu = now(), time.thread_time()
+        try:
+            yield
+        finally:
+            self.add(event, batch, start, now(), cpu=time.thread_time() - cpu, **args)
+
+    def take(self) -> list[dict]:
+        """Hand over what was recorded so far (to ship it with a batch) and start afresh."""
+        events, self.events = self.events, []
+        return events
+
+
+@dataclass
+class Trace:
+    """Every event a traced DataLoader recorded, across its epochs (``clear()`` to start over)."""
+
+    events: list[dict] = field(default_factory=list)
+    num_workers: int = 0
+    worker_method: str = "multiprocessing"
+    in_order: bool = True
+
+    def extend(self, events: list[dict]) -> None:
+        self.events.extend(events)
+
+    def clear(self) -> None:
+        self.events.clear()
+
+    def rows(self) -> list[dict]:
+        """The events as a list of dicts, sorted by start time."""
+        return sorted(self.events, key=lambda e: (e["start"], STEPS.index(e["event"])))
+
+    def per_batch(self) -> dict[int, list[str]]:
+        """For each batch, the names of its events in time order (per-sample getitems included)."""
+        steps = defaultdict(list)
+        for e in self.rows():
+            steps[e["batch"]].append(e["event"])
+        return dict(steps)
+
+    def to_chrome(self, path: str | None = None) -> dict:
+        """The Chrome trace-event JSON object (and write it to ``path`` if given)."""
+        t0 = min((e["start"] for e in self.events), default=0.0)
+        lanes = sorted({(e["pid"], e["tid"], e["lane"]) for e in self.events})
+        out = [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": lane}}
+               for pid, tid, lane in lanes]
+        for e in self.rows():
+            args = {k: v for k, v in e.items() if k not in ("event", "lane", "start", "end", "pid", "tid")}
+            record = {"name": e["event"], "cat": "minidl", "pid": e["pid"], "tid": e["tid"],
+                      "ts": (e["start"] - t0) * 1e6, "args": args}
+            if e["event"] in SPANS:
+                record.update(ph="X", dur=(e["end"] - e["start"]) * 1e6)
+            else:
+                record.update(ph="i", s="t")
+            out.append(record)
+        trace = {"traceEvents": out, "displayTimeUnit": "ms"}
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(trace, f)
+        return trace
+
+    def plot(self, ax=None, title: str = "DataLoader timeline"):
+        """A Gantt chart: one lane per worker, plus the pin thread, the main process and the consumer."""
+        return plot_timeline(self.rows(), ax=ax, title=title)
+
+    def diagnose(self) -> Diagnosis:
+        """Where the time went, and the one change most likely to help."""
+        return diagnose(self)
+
+
+@dataclass
+class Diagnosis:
+    """Numbers derived from a trace, and a plain-language verdict (``print(diagnosis)``)."""
+
+    wall: float  # s, from the first request for a batch to the last hand-over
+    wait_share: float  # share of wall the consumer spent waiting inside next()
+    consumer_step: float  # s, mean time the consumer spent between batches
+    batch_time: float  # s, mean time to fetch and collate one batch (in a worker, or in main)
+    worker_utilisation: dict[str, float]  # lane -> share of wall spent fetching and collating
+    reorder_lost: float  # s the consumer waited while a later batch sat ready in the reorder buffer
+    transport: float  # s, mean time from a worker's put to the main process's receive
+    pin: float  # s, mean time to pin one batch
+    workers_needed: int  # workers that would keep up with the measured consumer step
+    io_bound: bool  # loading spent under half its time on the CPU: it mostly waits
+    bottleneck: str  # "loader" or "consumer"
+    advice: list[str]
+
+    def __str__(self) -> str:
+        ms = 1e3
+        lines = [
+            f"bottleneck: the {self.bottleneck}",
+            f"  consumer waited {self.wait_share:.0%} of {self.wall:.2f} s; its step takes "
+            f"{self.consumer_step * ms:.1f} ms, a batch takes {self.batch_time * ms:.1f} ms to load",
+            "  worker utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in self.worker_utilisation.items()),
+            f"  transport {self.transport * ms:.2f} ms/batch, reordering cost {self.reorder_lost * ms:.0f} ms, "
+            f"pinning {self.pin * ms:.2f} ms/batch",
+            f"  workers needed to keep up: about {self.workers_needed}"
+            + (" (loading is I/O-bound: it mostly waits)" if self.io_bound else ""),
+        ]
+        return "\n".join(lines + [f"try: {a}" for a in self.advice])
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
+    """Compute a Diagnosis from the events of ``trace``."""
+    ev = trace.rows()
+    if not ev:
+        raise ValueError("the trace is empty: iterate over the traced DataLoader first")
+    by = defaultdict(list)
+    for e in ev:
+        by[e["event"]].append(e)
+    waits, yields = by["wait"], by["yield"]
+    wall = max(e["end"] for e in yields) - min(e["start"] for e in waits) if yields else 0.0
+    waited = sum(e["end"] - e["start"] for e in waits)
+    wait_share = waited / wall if wall > 0 else 0.0
+    consumer_step = _mean([e["end"] - e["start"] for e in by["consumer"]])
+
+    busy: dict[str, float] = defaultdict(float)  # fetching plus collating, per lane
+    per_batch: dict[tuple, float] = defaultdict(float)
+    cpu = 0.0
+    for e in by["fetch"] + by["collate"]:
+        busy[e["lane"]] += e["end"] - e["start"]
+        per_batch[(e["lane"], e["batch"])] += e["end"] - e["start"]
+        cpu += e.get("cpu", 0.0)
+    # Loading that mostly waits (storage, network, sleep) rather than computes is I/O-bound:
+    # then more workers than cores still help, and threads are the cheapest workers.
+    io_bound = cpu < 0.5 * sum(busy.values())
+    batch_time = _mean(list(per_batch.values()))
+    utilisation = {lane: t / wall if wall > 0 else 0.0 for lane, t in sorted(busy.items())}
+
+    puts = {e["batch"]: e["start"] for e in by["put"]}
+    transport = _mean([e["start"] - puts[e["batch"]] for e in by["receive"] if e["batch"] in puts])
+    reorder_lost = sum(e["end"] - e["start"] for e in by["reorder_block"])
+    pin = _mean([e["end"] - e["start"] for e in by["pin"]])
+    workers_needed = max(1, math.ceil(batch_time / consumer_step)) if consumer_step > 0 else max(1, trace.num_workers)
+
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    bottleneck = "loader" if wait_share > 0.25 else "consumer"
+    advice = _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport,
+                     pin, workers_needed, cores, io_bound)
+    return Diagnosis(wall, wait_share, consumer_step, batch_time, utilisation, reorder_lost, transport, pin,
+                     workers_needed, io_bound, bottleneck, advice)
+
+
+def _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport, pin,
+            workers_needed, cores, io_bound) -> list[str]:
+    n = trace.num_workers
+    if bottleneck == "consumer":
+        return [f"nothing in the loader: the consumer waited only {wait_share:.0%} of the time; "
+                f"about {workers_needed} worker(s) keep up with this step"]
+    advice = []
+    if reorder_lost > 0.2 * waited and trace.in_order and n > 0:
+        advice.append(f"in_order=False: {reorder_lost:.2f} s of waiting happened while a later batch was "
+                      "already ready (a slow sample held it back)")
+    if n > 0 and trace.worker_method == "multiprocessing" and transport > 0.5 * batch_time:
+        advice.append(f"worker_method='thread': moving a batch between processes ({transport * 1e3:.1f} ms) "
+                      f"costs as much as making it ({batch_time * 1e3:.1f} ms)")
+    if n > 1 and trace.worker_method == "thread" and not io_bound and sum(utilisation.values()) < 1.2:
+        advice.append("worker_method='multiprocessing': thread workers together used about one core, the "
+                      "GIL serialises their Python code (or run on free-threaded Python)")
+    if n < workers_needed and io_bound:
+        advice.append(f"num_workers={workers_needed}, as threads (worker_method='thread'): loading mostly waits "
+                      f"rather than computes, so more workers than the {cores} core(s) still help")
+    elif n < workers_needed:
+        more = f"num_workers={min(workers_needed, cores)}" if n < cores else "a cheaper per-sample transform"
+        advice.append(f"{more}: a batch takes {batch_time * 1e3:.1f} ms to load, so about {workers_needed} "
+                      f"worker(s) are needed to keep up, and this machine has {cores} core(s)")
+    elif n > 0 and max(utilisation.values(), default=0) < 0.7:
+        advice.append("a larger prefetch_factor: workers sat idle while the consumer waited")
+    if pin > 0.5 * batch_time:
+        advice.append(f"pin_memory=False, or pin fewer bytes: pinning takes {pin * 1e3:.1f} ms per batch")
+    return advice or ["more workers, or a cheaper per-sample transform"]
+
+
+COLOURS = {"getitem": "#9ecae1", "fetch": "#3182bd", "collate": "#31a354", "reorder": "#fdae6b",
+           "reorder_block": "#e6550d", "pin": "#756bb1", "wait": "#de2d26", "consumer": "#636363"}
+
+
+def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline"):
+    """Draw ``rows`` as horizontal bars on one lane per worker/thread; returns the matplotlib Axes."""
+    import matplotlib.pyplot as plt
+
+    from minidl.bench.machine import describe
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(11, 3.5))
+    t0 = min(r["start"] for r in rows)
+    lane_order = sorted({r["lane"] for r in rows}, key=lambda lane: (lane.startswith("worker"), lane), reverse=True)
+    y = {lane: i for i, lane in enumerate(lane_order)}
+    for event, colour in COLOURS.items():
+        bars = [((r["start"] - t0) * 1e3, (r["end"] - r["start"]) * 1e3, y[r["lane"]])
+                for r in rows if r["event"] == event]
+        for lane_y in {b[2] for b in bars}:
+            spans = [(x, w) for x, w, ly in bars if ly == lane_y]
+            height = 0.35 if event in ("getitem", "reorder_block") else 0.7
+            ax.broken_barh(spans, (lane_y - height / 2, height), color=colour, label=event)
+        for x, w, lane_y in bars:
+            if event in ("fetch", "wait") and w > 0:
+                batch = next(r["batch"] for r in rows if r["event"] == event and (r["start"] - t0) * 1e3 == x)
+                ax.text(x + w / 2, lane_y, str(batch), ha="center", va="center", fontsize=7, color="white")
+    handles, labels = ax.get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    ax.set_yticks(range(len(lane_order)), lane_order)
+    ax.set_xlabel("time since the first event (ms)")
+    ax.set_title(f"{title}\n{describe()}", fontsize=9)
+    return ax

@@ -1,0 +1,134 @@
+"""Tracing: an event for every step of every batch, a Chrome trace, a timeline and a diagnosis."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+
+import pytest
+
+import minidl
+from minidl import toy
+from minidl.trace import SPANS, Trace
+
+pytestmark = pytest.mark.usefixtures("no_leaks")
+
+SETTINGS = [dict(num_workers=0), dict(num_workers=2), dict(num_workers=2, worker_method="thread")]
+
+
+def traced(dataset, consumer_delay=0.0, **kwargs) -> Trace:
+    loader = minidl.DataLoader(dataset, trace=True, collate_fn=list, **kwargs)
+    for _ in loader:
+        time.sleep(consumer_delay)
+    return loader.trace
+
+
+@pytest.mark.parametrize("kwargs", SETTINGS, ids=["main", "processes", "threads"])
+def test_every_batch_has_each_step_once_in_order(kwargs):
+    tr = traced(toy.RangeDataset(10), batch_size=3, **kwargs)
+    by_batch: dict[int, dict[str, list]] = {}
+    for e in tr.events:
+        by_batch.setdefault(e["batch"], {}).setdefault(e["event"], []).append(e)
+    assert sorted(by_batch) == [0, 1, 2, 3]
+    workers = kwargs["num_workers"] > 0
+    for batch, steps in by_batch.items():
+        size = 1 if batch == 3 else 3
+        counts = Counter({k: len(v) for k, v in steps.items()})
+        # "consumer": the consumer's time after this batch until it asks for the next (or the end)
+        expected = Counter(fetch=1, getitem=size, collate=1, wait=1, consumer=1, **{"yield": 1})
+        if workers:
+            expected.update(send=1, put=1, receive=1)
+        counts.pop("reorder", None)  # only when a batch arrived early: timing-dependent
+        counts.pop("reorder_block", None)
+        assert counts == expected, (batch, counts)
+        # one time axis across processes: each step starts no earlier than the one before it
+        chain = (["send"] if workers else []) + ["fetch", "collate"] + (["put", "receive"] if workers else [])
+        chain += ["yield"]
+        starts = [steps[name][0]["start"] for name in chain]
+        assert starts == sorted(starts), (batch, dict(zip(chain, starts)))
+        assert [g["index"] for g in steps["getitem"]] == list(range(3 * batch, 3 * batch + size))
+        lanes = {e["lane"] for e in steps["fetch"] + steps["collate"] + steps["getitem"]}
+        assert lanes == ({f"worker {batch % 2}"} if workers else {"main"})  # round-robin dispatch
+    for e in tr.events:
+        assert e["end"] >= e["start"] and (e["event"] in SPANS or e["end"] == e["start"])
+
+
+def test_getitems_datasets_record_the_batch_fetch_without_per_sample_events():
+    class Batched(toy.RangeDataset):
+        def __getitems__(self, indices):
+            return list(indices)
+
+    tr = traced(Batched(6), batch_size=3, num_workers=1)
+    names = Counter(e["event"] for e in tr.events)
+    assert names["fetch"] == 2 and names["getitem"] == 0
+
+
+def test_untraced_loader_records_nothing():
+    loader = minidl.DataLoader(toy.RangeDataset(4), num_workers=1)
+    it = iter(loader)
+    assert loader.trace is None and it._recorder is None
+    assert [int(b) for b in it] == [0, 1, 2, 3]
+
+
+def test_chrome_trace_export_is_valid_trace_event_json(tmp_path):
+    tr = traced(toy.RangeDataset(8), batch_size=2, num_workers=2)
+    path = tmp_path / "trace.json"
+    tr.to_chrome(str(path))
+    data = json.loads(path.read_text())
+    events = data["traceEvents"]
+    assert {e["ph"] for e in events} == {"M", "X", "i"}
+    lanes = {e["args"]["name"] for e in events if e["ph"] == "M"}
+    assert {"main", "consumer", "worker 0", "worker 1"} <= lanes
+    for e in events:
+        assert isinstance(e["pid"], int) and isinstance(e["tid"], int) and e["name"]
+        if e["ph"] != "M":
+            assert e["ts"] >= 0
+        if e["ph"] == "X":
+            assert e["dur"] >= 0
+    # every worker event is drawn on its worker's own named thread
+    named = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M"}
+    for e in events:
+        if e["name"] == "getitem":
+            assert named[(e["pid"], e["tid"])].startswith("worker")
+
+
+@pytest.mark.parametrize("worker_method", ["multiprocessing", "thread"])
+def test_diagnosis_blames_the_loader_for_a_slow_dataset(worker_method):
+    tr = traced(toy.SlowDataset(12, delay=0.02), batch_size=2, num_workers=1, worker_method=worker_method)
+    d = tr.diagnose()
+    assert d.bottleneck == "loader" and d.wait_share > 0.5
+    assert d.workers_needed > 1 and d.io_bound  # it sleeps: waiting, not computing
+    assert any("num_workers" in a for a in d.advice)
+    assert "bottleneck: the loader" in str(d)
+
+
+def test_diagnosis_blames_the_consumer_for_a_slow_training_step():
+    tr = traced(toy.RangeDataset(12), consumer_delay=0.03, batch_size=2, num_workers=1)
+    d = tr.diagnose()
+    assert d.bottleneck == "consumer" and d.wait_share < 0.25
+    assert d.consumer_step >= 0.03 and d.workers_needed == 1
+    assert "bottleneck: the consumer" in str(d)
+
+
+def test_diagnosis_spots_reordering_behind_a_slow_sample():
+    tr = traced(toy.SlowDataset(16, slow=(0,), slow_delay=0.5), batch_size=2, num_workers=2)
+    d = tr.diagnose()
+    assert d.reorder_lost > 0.2
+    assert any(a.startswith("in_order=False") for a in d.advice)
+
+
+def test_empty_trace_cannot_be_diagnosed():
+    with pytest.raises(ValueError, match="empty"):
+        Trace().diagnose()
+
+
+def test_timeline_plot_has_a_lane_per_worker():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    tr = traced(toy.RangeDataset(8), batch_size=2, num_workers=2)
+    ax = tr.plot()
+    lanes = [t.get_text() for t in ax.get_yticklabels()]
+    assert set(lanes) == {"worker 0", "worker 1", "main", "consumer"}
+    assert "time" in ax.get_xlabel() and "cores" in ax.get_title()
