@@ -444,6 +444,15 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     raises RuntimeError naming the pid and exit code of any worker that died;
     #   * with timeout > 0, a batch that takes longer raises RuntimeError naming the timeout;
     #   * a process worker polls for its parent, and exits if the main process died.
+    #
+    # Which thread owns what (this matters without the GIL, where threads truly run at once):
+    #   * every attribute of this iterator (_task_info, _send_idx, _rcvd_idx, the status lists,
+    #     the trace) belongs to the consumer's thread alone: only __next__ and _shutdown_workers
+    #     touch them, and both run there (or in __del__/atexit once the consumer is gone);
+    #   * workers and the pin-memory thread share nothing with it but queues and events, which
+    #     are thread-safe; their events and results travel inside the queued tuples;
+    #   * thread workers do share the dataset and collate_fn: those must be safe to call from
+    #     several threads (each worker has its own WorkerInfo, in thread-local storage).
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
