@@ -27,6 +27,15 @@ from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
 from minidl.fetch import _DatasetKind
 from minidl.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
+from minidl.state import (
+    STATE_VERSION,
+    _StateRequest,
+    capture_generators,
+    capture_worker_state,
+    generators_of,
+    replaying,
+    restore_worker_state,
+)
 from minidl.trace import Recorder, Trace, now
 from minidl.worker import (
     MP_STATUS_CHECK_INTERVAL,
@@ -38,6 +47,7 @@ from minidl.worker import (
 )
 
 WORKER_METHODS = ("multiprocessing", "thread")
+_END = object()  # marks an exhausted iterator without catching StopIteration
 
 
 class _InfiniteConstantSampler(Sampler):
@@ -69,7 +79,8 @@ class DataLoader:
 
     minidl's additions: ``worker_method`` runs the ``num_workers`` workers as processes
     (``"multiprocessing"``, torch's only choice) or as threads (``"thread"``); ``trace=True`` records
-    every step of every batch into ``loader.trace`` (a ``minidl.trace.Trace``).
+    every step of every batch into ``loader.trace`` (a ``minidl.trace.Trace``); ``stateful=True``
+    lets workers keep what ``state_dict()`` needs to resume mid-epoch (see minidl/state.py).
     """
 
     def __init__(
@@ -94,6 +105,7 @@ class DataLoader:
         in_order: bool = True,
         worker_method: str = "multiprocessing",
         trace: bool | Trace = False,
+        stateful: bool = False,
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -186,8 +198,11 @@ class DataLoader:
         self.trace = trace or None
         if self.trace is not None:
             self.trace.num_workers, self.trace.worker_method, self.trace.in_order = num_workers, worker_method, in_order
+        self.stateful = stateful
         self._IterableDataset_len_called = None  # len(self) as reported, to warn on overrun
         self._iterator = None  # kept between epochs only with persistent_workers
+        self._last_iterator = None  # weak reference to the newest iterator, for state_dict()
+        self._resume_state = None  # set by load_state_dict(), used by the next iterator
         self.__initialized = True
         self.check_worker_number_rationality()
 
@@ -239,9 +254,49 @@ class DataLoader:
 
     def _get_iterator(self):
         if self.num_workers == 0:
-            return _SingleProcessDataLoaderIter(self)
-        self.check_worker_number_rationality()
-        return _MultiProcessingDataLoaderIter(self)
+            it = _SingleProcessDataLoaderIter(self)
+        else:
+            self.check_worker_number_rationality()
+            it = _MultiProcessingDataLoaderIter(self)
+        self._last_iterator = weakref.ref(it)
+        return it
+
+    def state_dict(self) -> dict:
+        """Where this loader stands mid-epoch; ``load_state_dict`` on a fresh loader resumes right there.
+
+        Resumes the same batches in the same order with the same random streams in every worker,
+        for map-style datasets and for IterableDatasets that have ``state_dict``/``load_state_dict``.
+        Needs ``stateful=True`` when ``num_workers > 0``, and ``in_order=True``. With
+        ``num_workers=0`` the dataset draws from the global random streams, which are saved too.
+        """
+        it = self._last_iterator() if self._last_iterator is not None else None
+        if it is not None and it._exhausted and it is self._iterator:
+            # Persistent workers between epochs: they carry their random streams into the next one.
+            state = it._state_dict()
+            state.update(tasks_done=0, num_yielded=0, generators=capture_generators(it._generators),
+                         draws_base_seed=False, next_worker=None, workers_ended=[False] * self.num_workers)
+            return state
+        if it is None or it._exhausted:  # between epochs: the next one starts from here
+            return {"version": STATE_VERSION, "num_workers": self.num_workers, "worker_method": self.worker_method,
+                    "tasks_done": 0, "num_yielded": 0, "generators": capture_generators(generators_of(self)),
+                    "base_seed": None, "draws_base_seed": True}  # base_seed: drawn again on resume
+        return it._state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter(loader)`` continue where ``state`` (from ``state_dict``) stopped."""
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state_dict version {state.get('version')!r} is not {STATE_VERSION}")
+        for key in ("num_workers", "worker_method"):
+            if state[key] != getattr(self, key):
+                raise ValueError(
+                    f"this state_dict was saved with {key}={state[key]!r} but this DataLoader has "
+                    f"{key}={getattr(self, key)!r}: each worker's random streams belong to that setting, "
+                    f"so resume with {key}={state[key]!r}"
+                )
+        if self._iterator is not None:  # persistent workers of an older epoch: start afresh
+            self._iterator._shutdown_workers()
+            self._iterator = None
+        self._resume_state = state
 
     @property
     def _auto_collation(self) -> bool:
@@ -305,12 +360,21 @@ class _BaseDataLoaderIter:
             )
         self._timeout = loader.timeout
         self._collate_fn = loader.collate_fn
+        self._worker_method = loader.worker_method
         # Order matters for reproducing torch: the sampler iterator is created (lazily, it
         # draws nothing yet) and then base_seed is drawn from the loader's generator.
-        self._sampler_iter = iter(self._index_sampler)
-        self._base_seed = _random.draw_seed(loader.generator)
+        self._resumed, loader._resume_state = loader._resume_state, None
+        self._generators = generators_of(loader)
+        self._epoch_draws_base_seed = True  # persistent workers' later epochs reuse the first base_seed
+        if self._resumed is None:
+            self._generator_states = capture_generators(self._generators)  # for state_dict()
+            self._sampler_iter = iter(self._index_sampler)
+            self._base_seed = _random.draw_seed(loader.generator)
+        else:
+            self._resume_sampler(loader, self._resumed)
         self._persistent_workers = loader.persistent_workers
-        self._num_yielded = 0
+        self._num_yielded = self._resumed["num_yielded"] if self._resumed else 0
+        self._exhausted = False
         # Tracing (minidl/trace.py); all None when off, so the untraced path pays one `is None`.
         self._trace = loader.trace
         self._recorder = Recorder("main") if self._trace is not None else None
@@ -321,9 +385,31 @@ class _BaseDataLoaderIter:
     def __iter__(self):
         return self
 
+    def _resume_sampler(self, loader: DataLoader, state: dict) -> None:
+        """Replay the epoch's opening draws from the saved generator states, then skip what was consumed."""
+        self._generator_states = state["generators"]
+        with replaying(self._generators, self._generator_states):
+            self._sampler_iter = iter(self._index_sampler)
+            drawn = _random.draw_seed(loader.generator) if state["draws_base_seed"] else None
+            self._base_seed = drawn if state["base_seed"] is None else state["base_seed"]
+            if self._num_workers > 0:  # the multi-worker _reset makes it again, as torch does
+                self._sampler_iter = iter(self._index_sampler)
+            for _ in range(state["tasks_done"]):
+                next(self._sampler_iter, None)
+            # If the saved iterator had already drawn its permutation (workers prefetch at once;
+            # one process draws at the first batch), draw it now, while the generators are replayed.
+            if self._num_workers > 0 or state["tasks_done"] > 0:
+                first = next(self._sampler_iter, _END)
+                self._sampler_iter = iter(()) if first is _END else itertools.chain([first], self._sampler_iter)
+
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
-        self._sampler_iter = iter(self._index_sampler)
-        self._num_yielded = 0
+        if not (first_iter and self._resumed is not None):  # a resumed iterator's sampler is ready
+            if not first_iter:  # a new epoch on persistent workers: its draws start from here
+                self._generator_states = capture_generators(self._generators)
+                self._epoch_draws_base_seed = False
+            self._sampler_iter = iter(self._index_sampler)
+            self._num_yielded = 0
+        self._exhausted = False
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
     def _next_index(self):
@@ -333,7 +419,11 @@ class _BaseDataLoaderIter:
         raise NotImplementedError
 
     def __next__(self):
-        data = self._next_data() if self._trace is None else self._traced_next_data()
+        try:
+            data = self._next_data() if self._trace is None else self._traced_next_data()
+        except StopIteration:
+            self._exhausted = True
+            raise
         self._num_yielded += 1
         reported = self._IterableDataset_len_called
         if self._dataset_kind == _DatasetKind.Iterable and reported is not None and self._num_yielded > reported:
@@ -374,9 +464,14 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
+        main_state = self._resumed.get("main") if self._resumed is not None else None
+        if main_state is not None:  # the global streams and the dataset as they were when saved
+            restore_worker_state(main_state, None, self._dataset)
         self._dataset_fetcher = _DatasetKind.create_fetcher(
             self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last
         )
+        if main_state is not None and main_state["ended"]:
+            self._dataset_fetcher.ended = True
 
     def _next_data(self):
         index = self._next_index()  # may raise StopIteration
@@ -392,6 +487,13 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
             if self._recorder is not None:
                 self._recorder.add("pin", self._trace_batch, start, now())
         return data
+
+    def _state_dict(self) -> dict:
+        state = _base_state(self, tasks_done=self._num_yielded)
+        dataset = self._dataset if self._dataset_kind == _DatasetKind.Iterable else None
+        state["main"] = capture_worker_state("main", None, dataset)
+        state["main"]["ended"] = getattr(self._dataset_fetcher, "ended", False)  # see _worker_loop's snapshot
+        return state
 
 
 # Iterators with live workers, shut down at interpreter exit before multiprocessing's own exit
@@ -458,7 +560,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         super().__init__(loader)
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
-        self._worker_method = loader.worker_method
+        self._snapshots = loader.stateful
         if self._worker_method == "thread":
             context = _ThreadContext
         else:
@@ -491,6 +593,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     self._persistent_workers,
                     self._worker_method,
                     self._trace is not None,
+                    self._prefetch_factor * self._num_workers + 1 if loader.stateful else 0,
+                    self._resumed["workers"][i] if self._resumed and "workers" in self._resumed else None,
                 ),
                 name=f"minidl_worker_{i}",
             )
@@ -538,6 +642,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._workers_num_tasks = [0] * self._num_workers  # tasks in flight per worker
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         self._received_at = {}  # tracing only: task idx -> when it arrived early
+        if first_iter and self._resumed is not None:
+            self._resume_dispatch(self._resumed)
         if not first_iter:
             # Persistent workers: tell each one a new epoch begins and wait for every ack, so no
             # stale result from the last epoch can be mistaken for one of this epoch.
@@ -549,6 +655,57 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     acks -= 1  # anything else is a stale result of the last epoch: dropped
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
+
+    def _resume_dispatch(self, state: dict) -> None:
+        """Continue task numbering and round-robin exactly where the saved iterator stood."""
+        self._send_idx = self._rcvd_idx = state["tasks_done"]
+        for worker_id, ended in enumerate(state.get("workers_ended", ())):
+            if ended:  # its IterableDataset replica had run out
+                self._workers_status[worker_id] = False
+                if not self._persistent_workers:
+                    self._index_queues[worker_id].put(None)
+        for _ in range(state.get("next_worker") or 0):  # the next dispatch goes to next_worker
+            next(self._worker_queue_idx_cycle)
+
+    def _state_dict(self) -> dict:
+        """Ask each active worker for its state before its first batch not yet handed out."""
+        if not self._in_order:
+            raise ValueError("state_dict() needs in_order=True: out of order, what comes next is not reproducible")
+        if self._shutdown:
+            raise RuntimeError("this iterator's workers are shut down (an error or a timeout): nothing to save")
+        if not self._snapshots:
+            raise RuntimeError("state_dict() with workers needs DataLoader(..., stateful=True), so each worker "
+                               "keeps the random state it had before each batch")
+        if self._worker_method == "thread" and self._dataset_kind == _DatasetKind.Iterable:
+            raise ValueError("state_dict() can't save an IterableDataset shared by thread workers: their "
+                             "replicas are one object; use worker_method='multiprocessing'")
+        k = self._rcvd_idx
+        pending = {i for i, active in enumerate(self._workers_status) if active}
+        for i in pending:
+            self._index_queues[i].put(_StateRequest(k))
+        states = {}
+        while pending:
+            idx, data, *events = self._get_data()
+            if isinstance(idx, _StateRequest):
+                worker_id, state = data
+                states[worker_id] = state
+                pending.discard(worker_id)
+                continue
+            # A batch that was in flight: keep it, exactly as _next_data would on an early arrival.
+            self._tasks_outstanding -= 1
+            if self._recorder is not None:
+                self._trace.extend(events[0] if events else [])
+            if isinstance(data, _IterableDatasetStopIteration):
+                self._workers_status[data.worker_id] = False
+                if not self._persistent_workers:
+                    self._index_queues[data.worker_id].put(None)
+            else:
+                self._task_info[idx] += (data,)
+        state = _base_state(self, tasks_done=k)
+        state["workers"] = [states.get(i) for i in range(self._num_workers)]
+        state["workers_ended"] = [i not in states or states[i]["ended"] for i in range(self._num_workers)]
+        state["next_worker"] = self._task_info[k][0] if k in self._task_info else None
+        return state
 
     def _try_get_data(self, timeout: float = MP_STATUS_CHECK_INTERVAL):
         """One bounded wait on the data queue: (True, data), or (False, None) if nothing came."""
@@ -711,6 +868,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
 
     def __del__(self) -> None:
         self._shutdown_workers()
+
+
+def _base_state(it: _BaseDataLoaderIter, tasks_done: int) -> dict:
+    return {"version": STATE_VERSION, "num_workers": it._num_workers, "worker_method": it._worker_method,
+            "tasks_done": tasks_done, "num_yielded": it._num_yielded, "generators": it._generator_states,
+            "base_seed": it._base_seed, "draws_base_seed": it._epoch_draws_base_seed}
 
 
 def _describe_exit(w) -> str:

@@ -144,3 +144,34 @@ def seed_numpy_from_worker(worker_id: int) -> None:
     """A ``worker_init_fn`` that reseeds NumPy's global stream from the worker's seed."""
     info = get_worker_info()
     np.random.seed(info.seed % 2**32)
+
+
+class ResumableStream(IterableDataset):
+    """Streams ``(item, noise)`` for ``0 .. n-1``, sharded by worker, and can save where it stands.
+
+    ``state_dict``/``load_state_dict`` are what ``DataLoader.state_dict()`` needs from an
+    IterableDataset to resume mid-epoch; the noise comes from NumPy's global stream, which each
+    process worker owns.
+    """
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.position = 0  # next item of this replica's shard
+
+    def _shard(self) -> range:
+        info = get_worker_info()
+        return range(self.n) if info is None else range(info.id, self.n, info.num_workers)
+
+    def __iter__(self):
+        shard = self._shard()
+        while self.position < len(shard):
+            item = shard[self.position]
+            self.position += 1
+            yield item, float(np.random.rand())
+        self.position = 0  # the next epoch starts from the top
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]

@@ -20,6 +20,7 @@ import numpy as np
 
 from minidl import _random
 from minidl.fetch import _DatasetKind
+from minidl.state import WorkerSnapshots, _StateRequest, capture_worker_state, restore_worker_state
 
 # How often (seconds) a waiting worker checks that its parent is alive, and a waiting main
 # process checks that its workers are. torch uses 5.0; a shorter interval reports a dead worker
@@ -190,6 +191,8 @@ def _worker_loop(
     persistent_workers,
     worker_method="multiprocessing",
     trace=False,
+    snapshots=0,
+    resume_state=None,
 ) -> None:
     """Fetch batches for the tasks on ``index_queue`` and put the results on ``data_queue``.
 
@@ -197,6 +200,8 @@ def _worker_loop(
     ``(task_idx, indices)``; the answer is ``(task_idx, batch)``, where batch may be an
     ``ExceptionWrapper`` or, for an exhausted IterableDataset, ``_IterableDatasetStopIteration``.
     With ``trace``, the answer carries a third element: this task's events (minidl/trace.py).
+    ``snapshots`` > 0 keeps that many per-task states for ``DataLoader.state_dict()``, and
+    ``resume_state`` restores one of them (see minidl/state.py).
     """
     global _worker_info
     in_thread = worker_method == "thread"
@@ -216,6 +221,8 @@ def _worker_loop(
         try:
             if init_fn is not None:
                 init_fn(worker_id)
+            if resume_state is not None:  # after init_fn, which may reseed: the snapshot wins
+                restore_worker_state(resume_state, rng, dataset)
             fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
         except Exception:
             init_exception = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
@@ -226,6 +233,12 @@ def _worker_loop(
             from minidl.trace import Recorder
 
             recorder = Recorder(f"worker {worker_id}")
+        history = WorkerSnapshots(snapshots) if snapshots else None
+
+        def snapshot(fetcher) -> dict:
+            # An iterable replica that already ran dry may have reset its own position for the
+            # next epoch; "ended" records that this epoch has nothing more from it.
+            return {**capture_worker_state(worker_method, rng, dataset), "ended": getattr(fetcher, "ended", False)}
         watchdog = _ThreadWatchdog() if in_thread else ManagerWatchdog()
         while watchdog.is_alive():
             try:
@@ -235,13 +248,21 @@ def _worker_loop(
             if isinstance(r, _ResumeIteration):
                 data_queue.put((r, None))  # ack, so the main process knows the epoch starts clean
                 iteration_end = False
+                if history is not None:  # task numbers start again at 0: old snapshots would mislead
+                    history = WorkerSnapshots(snapshots)
                 fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
                 continue
             if r is None:  # the sentinel: shutdown, or this worker is no longer needed
                 break
+            if isinstance(r, _StateRequest):
+                state = history.answer(r, current=snapshot(fetcher))
+                data_queue.put((r, (worker_id, state)))
+                continue
             if done_event.is_set() or iteration_end:
                 continue  # drain the queue without working until the sentinel arrives
             idx, index = r
+            if history is not None:
+                history.record(idx, snapshot(fetcher))
             if recorder is not None and fetcher is not None:
                 fetcher.recorder, fetcher.batch = recorder, idx
             if init_exception is not None:

@@ -1,0 +1,169 @@
+"""DataLoader.state_dict(): resume mid-epoch and get exactly the batches the uninterrupted run gives."""
+
+from __future__ import annotations
+
+import pickle
+import random
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import minidl
+from minidl import toy
+
+torch = pytest.importorskip("torch")
+
+pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(300)]
+
+
+def seed_everything(s: int) -> None:
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+
+
+def as_text(loader_or_iter) -> list[str]:
+    return [repr(b) for b in loader_or_iter]
+
+
+def interrupted_equals_uninterrupted(make, cut: int, epochs_before: int = 0) -> tuple[list, list]:
+    """Batches of one full epoch, and the same epoch stopped after ``cut`` batches and resumed."""
+    seed_everything(0)
+    loader = make()
+    for _ in range(epochs_before):
+        as_text(loader)
+    full = as_text(loader)
+
+    seed_everything(0)
+    loader = make()
+    for _ in range(epochs_before):
+        as_text(loader)
+    it = iter(loader)
+    first = [repr(next(it)) for _ in range(cut)]
+    state = pickle.loads(pickle.dumps(loader.state_dict()))  # a checkpoint survives a file
+    del it
+
+    seed_everything(12345)  # a different process state: the loader must restore what matters
+    resumed = make()
+    resumed.load_state_dict(state)
+    return full, first + as_text(resumed)
+
+
+CONFIGS = {
+    "main, shuffle with a generator": dict(num_workers=0, shuffle=True, seeded=True),
+    "main, shuffle from the global seed": dict(num_workers=0, shuffle=True),
+    "processes, shuffle with a generator": dict(num_workers=2, shuffle=True, seeded=True),
+    "processes, global seed": dict(num_workers=2, shuffle=True),
+    "one process, sequential": dict(num_workers=1),
+    "threads": dict(num_workers=2, shuffle=True, seeded=True, worker_method="thread"),
+    "processes, prefetch 3": dict(num_workers=2, shuffle=True, prefetch_factor=3),
+}
+
+
+def maker(config: dict, n: int = 23, batch_size: int = 3):
+    kw = dict(config)
+    seeded = kw.pop("seeded", False)
+    dataset_cls = toy.WorkerRandomDataset if kw.get("worker_method") == "thread" else toy.GlobalRandomDataset
+
+    def make():
+        return minidl.DataLoader(dataset_cls(n), batch_size=batch_size, stateful=kw.get("num_workers", 0) > 0,
+                                 generator=torch.Generator().manual_seed(7) if seeded else None, **kw)
+
+    return make
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(min_value=0, max_value=8))
+def test_resume_map_style_at_any_cut(name, cut):
+    full, resumed = interrupted_equals_uninterrupted(maker(CONFIGS[name]), cut)
+    assert resumed == full
+
+
+@pytest.mark.parametrize("num_workers", [0, 1, 2])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(min_value=0, max_value=9))
+def test_resume_iterable_dataset_with_its_own_state(num_workers, cut):
+    def make():
+        return minidl.DataLoader(toy.ResumableStream(17), batch_size=2, num_workers=num_workers,
+                                 stateful=num_workers > 0)
+
+    full, resumed = interrupted_equals_uninterrupted(make, cut)
+    assert resumed == full
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_in_a_later_epoch_with_a_distributed_sampler(num_workers):
+    sampler = minidl.DistributedSampler(toy.RangeDataset(30), num_replicas=2, rank=1, seed=3)
+
+    def make():
+        sampler.set_epoch(2)  # the training loop sets the epoch before iterating, also on resume
+        return minidl.DataLoader(toy.GlobalRandomDataset(30), batch_size=4, sampler=sampler,
+                                 num_workers=num_workers, stateful=num_workers > 0)
+
+    full, resumed = interrupted_equals_uninterrupted(make, cut=2)
+    assert resumed == full
+
+
+def test_batch_sampler_resumes():
+    def make():
+        batch_sampler = minidl.BatchSampler(minidl.RandomSampler(range(20), generator=torch.Generator().manual_seed(1)),
+                                            batch_size=3, drop_last=True)
+        return minidl.DataLoader(toy.RangeDataset(20), batch_sampler=batch_sampler, num_workers=2, stateful=True)
+
+    full, resumed = interrupted_equals_uninterrupted(make, cut=3)
+    assert resumed == full
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_state_between_epochs_starts_the_next_epoch_identically(persistent):
+    make = maker(dict(CONFIGS["processes, shuffle with a generator"], persistent_workers=persistent))
+    seed_everything(0)
+    loader = make()
+    as_text(loader)
+    state = loader.state_dict()
+    second = as_text(loader)
+    other = make()
+    other.load_state_dict(state)
+    assert as_text(other) == second
+
+
+def test_persistent_workers_resume():
+    def make():
+        return minidl.DataLoader(toy.GlobalRandomDataset(12), batch_size=2, num_workers=2, persistent_workers=True,
+                                 stateful=True, shuffle=True)
+
+    full, resumed = interrupted_equals_uninterrupted(make, cut=2, epochs_before=1)
+    assert resumed == full
+
+
+def test_different_num_workers_is_refused_clearly():
+    loader = minidl.DataLoader(toy.RangeDataset(10), num_workers=2, stateful=True)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it
+    with pytest.raises(ValueError, match="num_workers=2"):
+        minidl.DataLoader(toy.RangeDataset(10), num_workers=1, stateful=True).load_state_dict(state)
+    with pytest.raises(ValueError, match="worker_method"):
+        minidl.DataLoader(toy.RangeDataset(10), num_workers=2, worker_method="thread").load_state_dict(state)
+
+
+def test_state_dict_needs_stateful_workers_and_in_order():
+    it = iter(loader := minidl.DataLoader(toy.RangeDataset(10), num_workers=1))
+    next(it)
+    with pytest.raises(RuntimeError, match="stateful=True"):
+        loader.state_dict()
+    del it
+    it = iter(loader := minidl.DataLoader(toy.RangeDataset(10), num_workers=1, stateful=True, in_order=False))
+    next(it)
+    with pytest.raises(ValueError, match="in_order=True"):
+        loader.state_dict()
+    del it
+
+
+def test_bad_version_is_refused():
+    with pytest.raises(ValueError, match="version"):
+        minidl.DataLoader(toy.RangeDataset(4)).load_state_dict({"version": 99})
