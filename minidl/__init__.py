@@ -5,7 +5,7 @@ installed, is imported lazily where tensors are made or moved, and then every ba
 torch's own loader for the same seed.
 """
 
-from minidl.collate import collate, default_collate, default_collate_fn_map, default_convert, numpy_collate
+from minidl.collate import default_collate, default_collate_fn_map, default_convert, numpy_collate
 from minidl.dataloader import DataLoader
 from minidl.dataset import (
     ChainDataset,
@@ -48,7 +48,6 @@ __all__ = [
     "TensorDataset",
     "WeightedRandomSampler",
     "WorkerInfo",
-    "collate",
     "default_collate",
     "default_collate_fn_map",
     "default_convert",

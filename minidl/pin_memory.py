@@ -40,8 +40,9 @@ def pin_memory(data: Any, device: str | None = None) -> Any:
         pinned = [pin_memory(v, device) for v in data]
         try:
             if isinstance(data, collections.abc.MutableSequence):
-                clone = copy.copy(data)
-                clone[:] = pinned
+                clone = copy.copy(data)  # keeps the sequence's type (a deque stays a deque)
+                for i, item in enumerate(pinned):
+                    clone[i] = item
                 return clone
             return type(data)(pinned)
         except TypeError:

@@ -70,7 +70,12 @@ class ExceptionWrapper:
         except Exception:
             # Some exception types need more than one argument: fall back as torch does.
             raise RuntimeError(msg) from None
-        raise exception
+        try:
+            raise exception
+        finally:
+            # The traceback holds this frame, which would hold the exception: a reference cycle
+            # that keeps the iterator and its workers alive until the garbage collector runs.
+            del exception
 
 
 class _KeyErrorMessage(str):
@@ -244,6 +249,8 @@ def _worker_loop(
             try:
                 r = index_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)
             except queue.Empty:
+                if done_event.is_set():
+                    break  # shutting down, and the sentinel was lost (its queue closed at GC): leave anyway
                 continue
             if isinstance(r, _ResumeIteration):
                 data_queue.put((r, None))  # ack, so the main process knows the epoch starts clean

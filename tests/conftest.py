@@ -59,6 +59,9 @@ def no_leaks():
     procs, threads = wait_until_clean(5.0)
     assert not procs, f"worker processes survived: {procs}"
     assert not threads, f"worker threads survived: {threads}"
+    deadline = time.monotonic() + 5.0
+    while shm_segments() - before_shm and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert shm_segments() <= before_shm, f"shared memory left behind: {shm_segments() - before_shm}"
 
 
