@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16
 PYTEST := $(BIN)/python -m pytest
 LAB_ARGS ?=
 
-.PHONY: setup lab test lint unit nbval bench clean
+.PHONY: setup lab test lint unit nbval bench clean ft test-ft
 
 setup: $(STAMP)
 
@@ -22,7 +22,8 @@ $(STAMP): pyproject.toml
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
 
-test: setup lint unit nbval
+# The torch-free part of the suite runs again under a free-threaded interpreter (make test-ft).
+test: setup lint unit nbval test-ft
 
 lint: setup
 	$(BIN)/ruff check .
@@ -38,5 +39,27 @@ nbval: setup
 bench: setup
 	$(BIN)/python -m minidl.bench
 
+# .venv-ft: a free-threaded (no-GIL) CPython 3.13+ with minidl and the [ft] pins, no torch. scripts/ft.sh
+# finds the interpreter (PATH, an earlier build, uv) or builds it once into ~/.cache/minidl.
+FT_VENV  := .venv-ft
+FT_HASH  := $(shell cat pyproject.toml | sha256sum | cut -c1-16)
+# A venv whose interpreter is gone (~/.cache/minidl deleted) counts as not set up.
+FT_STAMP := $(FT_VENV)/.installed-$(FT_HASH)$(if $(realpath $(FT_VENV)/bin/python),,-no-python)
+# The torch-free tests. Left out: test_collate/fetch/padding import torch at the top (no collection
+# without it). test_dataloader/test_worker skip whole (importorskip); the rest skip their torch-oracle tests.
+FT_TESTS := tests/test_freethreaded.py tests/test_without_torch.py tests/test_environment.py \
+	tests/test_sampler.py tests/test_dataset.py tests/test_distributed.py \
+	tests/test_dataloader.py tests/test_worker.py tests/test_shutdown.py
+
+ft: $(FT_STAMP)
+
+$(FT_STAMP): pyproject.toml scripts/ft.sh
+	bash scripts/ft.sh $(FT_VENV)
+	rm -f $(FT_VENV)/.installed-*
+	touch $(FT_VENV)/.installed-$(FT_HASH)
+
+test-ft: ft
+	$(FT_VENV)/bin/python -m pytest $(FT_TESTS)
+
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(FT_VENV) .pytest_cache .ruff_cache .hypothesis

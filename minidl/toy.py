@@ -175,3 +175,26 @@ class ResumableStream(IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         self.position = state["position"]
+
+
+class CpuBoundDataset(RangeDataset):
+    """Pure-Python, CPU-bound items that hold the GIL: ``(i, Collatz steps of a block, worker id)``.
+
+    Item ``i`` adds up the Collatz stopping times of ``i*work+1 .. i*work+work``: a few ms of
+    interpreter work, no I/O and no NumPy, so only processes (or a free-threaded interpreter) run
+    two of them at once.
+    """
+
+    def __init__(self, n: int, work: int = 300) -> None:
+        super().__init__(n)
+        self.work = work
+
+    def __getitem__(self, index: int):
+        super().__getitem__(index)  # bounds check
+        steps = 0
+        for x in range(index * self.work + 1, index * self.work + self.work + 1):
+            while x != 1:
+                x = x // 2 if x % 2 == 0 else 3 * x + 1
+                steps += 1
+        info = get_worker_info()
+        return index, steps, -1 if info is None else info.id

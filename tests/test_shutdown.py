@@ -17,18 +17,25 @@ import textwrap
 import pytest
 
 import minidl
-from minidl import toy
+from minidl import _random, toy
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
 
 METHODS = ["multiprocessing", "thread"]
+# torch tensors when torch is here (they cross processes through shared memory, which must not leak);
+# NumPy arrays on an interpreter without torch (the free-threaded run of `make test-ft`).
+COLLATE = minidl.default_collate if _random.HAS_TORCH else minidl.numpy_collate
+
+
+def loader_of(dataset, **kwargs) -> minidl.DataLoader:
+    return minidl.DataLoader(dataset, collate_fn=COLLATE, **kwargs)
 
 
 @pytest.mark.parametrize("worker_method", METHODS)
 @pytest.mark.parametrize("exc_type", [KeyError, ValueError, IndexError])
 def test_worker_exception_reaches_consumer_with_type_worker_id_and_traceback(worker_method, exc_type):
     # index 5 is in the third batch of 2, which round-robin sends to worker 0 of 2
-    loader = minidl.DataLoader(toy.FailingDataset(10, bad_index=5, exc_type=exc_type), batch_size=2,
+    loader = loader_of(toy.FailingDataset(10, bad_index=5, exc_type=exc_type), batch_size=2,
                                num_workers=2, worker_method=worker_method)
     got = []
     with pytest.raises(exc_type) as info:
@@ -41,7 +48,7 @@ def test_worker_exception_reaches_consumer_with_type_worker_id_and_traceback(wor
 
 
 def test_worker_init_fn_failure_is_reported_as_an_exception():
-    loader = minidl.DataLoader(toy.RangeDataset(4), num_workers=1, worker_init_fn=_failing_init)
+    loader = loader_of(toy.RangeDataset(4), num_workers=1, worker_init_fn=_failing_init)
     with pytest.raises(ZeroDivisionError, match="worker process 0"):
         list(loader)
 
@@ -52,7 +59,7 @@ def _failing_init(worker_id):
 
 @pytest.mark.parametrize("how", ["sigkill", "exit", "segfault"])
 def test_dead_worker_raises_runtime_error_naming_pid_and_exit_status(how):
-    loader = minidl.DataLoader(toy.DyingDataset(20, bad_index=6, how=how), batch_size=2, num_workers=2)
+    loader = loader_of(toy.DyingDataset(20, bad_index=6, how=how), batch_size=2, num_workers=2)
     with pytest.raises(RuntimeError, match=r"exited unexpectedly: pid \d+ \(exit code -?\d+") as info:
         list(loader)
     expected = {"sigkill": "exit code -9, killed by SIGKILL", "exit": "exit code 3",
@@ -62,10 +69,10 @@ def test_dead_worker_raises_runtime_error_naming_pid_and_exit_status(how):
 
 @pytest.mark.parametrize("worker_method", METHODS)
 def test_timeout_raises_runtime_error_naming_it(worker_method):
-    loader = minidl.DataLoader(toy.SlowDataset(6, slow=(2,), slow_delay=2.0), batch_size=1, num_workers=1,
+    loader = loader_of(toy.SlowDataset(6, slow=(2,), slow_delay=2.0), batch_size=1, num_workers=1,
                                timeout=0.5, worker_method=worker_method)
     it = iter(loader)
-    assert [int(next(it)), int(next(it))] == [0, 1]
+    assert [next(it).tolist(), next(it).tolist()] == [[0], [1]]
     with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
         next(it)
 
@@ -74,7 +81,7 @@ def test_timeout_raises_runtime_error_naming_it(worker_method):
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("how", ["exhaust", "break", "del", "gc", "consumer_error", "keyboard_interrupt"])
 def test_every_way_to_stop_leaves_nothing_running(worker_method, persistent, how):
-    loader = minidl.DataLoader(toy.RangeDataset(40), batch_size=2, num_workers=2, worker_method=worker_method,
+    loader = loader_of(toy.RangeDataset(40), batch_size=2, num_workers=2, worker_method=worker_method,
                                persistent_workers=persistent)
     if how == "exhaust":
         assert len(list(loader)) == 20
@@ -91,7 +98,7 @@ def test_every_way_to_stop_leaves_nothing_running(worker_method, persistent, how
     elif how == "consumer_error":
         with pytest.raises(ZeroDivisionError):
             for _ in loader:
-                1 / 0
+                _ = 1 / 0
     else:
         with pytest.raises(KeyboardInterrupt):
             for i, _ in enumerate(loader):
@@ -110,7 +117,8 @@ SCRIPT = textwrap.dedent("""
 
     worker_method, persistent, ending = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
     loader = minidl.DataLoader(toy.SlowDataset(1000, delay=0.01), batch_size=2, num_workers=2,
-                               worker_method=worker_method, persistent_workers=persistent)
+                               worker_method=worker_method, persistent_workers=persistent,
+                               collate_fn=minidl.numpy_collate)
     it = iter(loader)
     next(it)
     print(json.dumps([p.pid for p in psutil.Process().children()]), flush=True)
