@@ -7,6 +7,8 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST := $(BIN)/python -m pytest
 LAB_ARGS ?=
+# JupyterLab refuses to start as root unless told; containers and CI machines often are root.
+ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
 .PHONY: setup lab test lint unit nbval bench clean ft test-ft
 
@@ -20,7 +22,7 @@ $(STAMP): pyproject.toml
 	touch $@
 
 lab: setup
-	$(BIN)/jupyter lab --notebook-dir=notebooks $(LAB_ARGS)
+	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 # The torch-free part of the suite runs again under a free-threaded interpreter (make test-ft).
 test: setup lint unit nbval test-ft
