@@ -12,17 +12,16 @@ import itertools
 import math
 import multiprocessing
 import os
-import pickle
 import queue
 import sys
 import threading
-import types
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from minidl import _random
+from minidl._picklable import check_picklable
 from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
 from minidl.fetch import _DatasetKind
@@ -565,7 +564,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             context = _ThreadContext
         else:
             context = loader.multiprocessing_context or _mp_module().get_context()
-            _check_picklable(context, loader)
+            check_picklable(context, {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
+                                      "worker_init_fn": loader.worker_init_fn})
 
         self._worker_result_queue = context.Queue()
         self._workers_done_event = context.Event()
@@ -889,50 +889,3 @@ def _describe_exit(w) -> str:
         except ValueError:
             pass
     return f"pid {w.pid} (exit code {code})"
-
-
-def _check_picklable(context, loader: DataLoader) -> None:
-    """Under spawn/forkserver every worker argument is pickled; fail early, naming the culprit.
-
-    Two failures: the object can't be pickled at all (a lambda, a local function), or it can,
-    but by reference to an interactive ``__main__`` (a notebook cell) the child can't import.
-    """
-    if context.get_start_method() == "fork":
-        return  # fork copies the parent's memory: nothing is pickled
-    main = sys.modules.get("__main__")
-    interactive_main = main is None or not hasattr(main, "__file__")
-    for what, obj in (("dataset", loader.dataset), ("collate_fn", loader.collate_fn),
-                      ("worker_init_fn", loader.worker_init_fn)):
-        hint = (
-            f"DataLoader's {what} {obj!r} can't be sent to workers started with "
-            f"'{context.get_start_method()}': move its definition into an importable module "
-            "(a .py file) and import it from there"
-        )
-        pickler = _MainModuleSpotter(interactive_main)
-        try:
-            pickler.dump(obj)
-        except (pickle.PicklingError, AttributeError, TypeError) as e:  # what pickle raises
-            raise type(e)(f"{hint} ({e})") from e
-        if pickler.found is not None:
-            raise pickle.PicklingError(f"{hint}: it refers to {pickler.found!r}, defined in an interactive session")
-
-
-class _MainModuleSpotter(pickle.Pickler):
-    """Pickles into nothing, noting any function or class that lives in an interactive __main__."""
-
-    def __init__(self, interactive_main: bool) -> None:
-        super().__init__(_NullWriter(), protocol=pickle.HIGHEST_PROTOCOL)
-        self.interactive_main = interactive_main
-        self.found = None
-
-    def persistent_id(self, obj):
-        if self.interactive_main and self.found is None:
-            owner = obj if isinstance(obj, type | types.FunctionType) else type(obj)
-            if getattr(owner, "__module__", None) == "__main__":
-                self.found = owner
-        return None  # never replace anything: this pass only looks
-
-
-class _NullWriter:
-    def write(self, b) -> int:
-        return len(b)
