@@ -321,8 +321,9 @@ class DataLoader:
             return
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         if cores is not None and self.num_workers > cores:
+            kind = "threads" if self.worker_method == "thread" else "processes"
             warnings.warn(
-                f"This DataLoader will create {self.num_workers} worker processes in total. Our suggested "
+                f"This DataLoader will create {self.num_workers} worker {kind} in total. Our suggested "
                 f"max number of worker in current system is {cores}, which is smaller than what this "
                 "DataLoader is going to create. Please be aware that excessive worker creation might get "
                 "DataLoader running slow or even freeze, lower the worker number to avoid potential "
@@ -769,11 +770,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 self._rcvd_idx += 1
                 return self._process_data(data, worker_id, self._rcvd_idx - 1)
 
+            waited_since = now() if self._recorder is not None else None
             idx, data, *events = self._get_data()
             self._tasks_outstanding -= 1
             if self._recorder is not None:
                 self._trace.extend(events[0] if events else [])
-                self._recorder.instant("receive", idx)
+                self._recorder.instant("receive", idx, waited_since=waited_since)
             if isinstance(data, _IterableDatasetStopIteration):
                 # This replica is exhausted: stop sending it work (but keep persistent ones).
                 if self._persistent_workers:

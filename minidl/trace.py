@@ -181,8 +181,11 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
     batch_time = _mean(list(per_batch.values()))
     utilisation = {lane: t / wall if wall > 0 else 0.0 for lane, t in sorted(busy.items())}
 
+    # Transport: of the time between a worker's put and the main process's receipt, only the part
+    # the main process spent waiting for it (a batch queued while the consumer trained costs nothing).
     puts = {e["batch"]: e["start"] for e in by["put"]}
-    transport = _mean([e["start"] - puts[e["batch"]] for e in by["receive"] if e["batch"] in puts])
+    transport = _mean([e["start"] - max(puts[e["batch"]], e["waited_since"]) for e in by["receive"]
+                       if e["batch"] in puts])
     reorder_lost = sum(e["end"] - e["start"] for e in by["reorder_block"])
     pin = _mean([e["end"] - e["start"] for e in by["pin"]])
     workers_needed = max(1, math.ceil(batch_time / consumer_step)) if consumer_step > 0 else max(1, trace.num_workers)
@@ -246,8 +249,9 @@ def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline")
                 for r in rows if r["event"] == event]
         for lane_y in {b[2] for b in bars}:
             spans = [(x, w) for x, w, ly in bars if ly == lane_y]
-            height = 0.35 if event in ("getitem", "reorder_block") else 0.7
-            ax.broken_barh(spans, (lane_y - height / 2, height), color=colour, label=event)
+            inner = event in ("getitem", "reorder_block")  # drawn inside a fetch / a wait: keep them on top
+            height = 0.35 if inner else 0.7
+            ax.broken_barh(spans, (lane_y - height / 2, height), color=colour, label=event, zorder=3 if inner else 2)
         for x, w, lane_y in bars:
             if event in ("fetch", "wait") and w > 0:
                 batch = next(r["batch"] for r in rows if r["event"] == event and (r["start"] - t0) * 1e3 == x)

@@ -1,0 +1,100 @@
+"""The ``gpu`` bench suite: without CUDA it says so and records nothing; with CUDA (``gpu`` marker) its quick
+run writes the rows it promises. No test asserts a speed."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import minidl.bench  # noqa: E402
+from minidl.bench import gpu  # noqa: E402
+from minidl.bench.harness import COLUMNS, Session, main, missing  # noqa: E402
+
+
+class Bar:
+    """Enough of a tqdm bar for a Session: it keeps what the suite prints."""
+
+    def __init__(self) -> None:
+        self.total, self.out = 0, io.StringIO()
+
+    def refresh(self) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def write(self, s: str) -> None:
+        print(s, file=self.out)
+
+
+@pytest.fixture
+def registered(monkeypatch):
+    """The suite registered under ``gpu``, whether or not minidl.bench.SUITES lists it yet."""
+    monkeypatch.setitem(minidl.bench.SUITES, "gpu", "minidl.bench.gpu")
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        assert tuple(reader.fieldnames) == COLUMNS
+        return list(reader)
+
+
+def test_without_cuda_the_suite_says_it_needs_cuda_and_records_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # so this holds on a GPU machine too
+    bar = Bar()
+    session = Session("gpu", quick=True, out=tmp_path, bar=bar)
+    gpu.run(session)
+    assert "needs CUDA" in bar.out.getvalue()
+    assert session.rows == [] and session.figures == []
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.usefixtures("registered")
+def test_without_cuda_the_cli_exits_cleanly(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["gpu", "--quick", "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "needs CUDA" in captured.out + captured.err
+    assert not list(tmp_path.glob("*.png"))
+    # The harness writes a CSV for every suite it ran; this one has a header and no rows.
+    assert not (tmp_path / "gpu.csv").exists() or read_rows(tmp_path / "gpu.csv") == []
+
+
+def test_importing_the_suite_does_not_import_torch():
+    code = "import sys, minidl.bench.gpu; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("registered")
+def test_quick_run_on_cuda_writes_every_row(tmp_path):
+    assert main(["gpu", "--quick", "--out", str(tmp_path)]) == 0
+    rows = read_rows(tmp_path / "gpu.csv")
+    copies = [r for r in rows if r["task"] == "h2d-copy"]
+    assert sorted((int(r["size"]), r["method"]) for r in copies) == sorted(
+        (n, m) for n in gpu.QUICK_COPY_BATCHES for m in ("pageable", "pinned"))
+    steps = [r for r in rows if r["task"] == "train-step"]
+    assert {r["method"] for r in steps} == {"data already on GPU", "copy then step", "PrefetchLoader, pinned",
+                                            "PrefetchLoader, pageable"}
+    assert all(int(r["size"]) == gpu.QUICK_STEPS for r in steps)
+    assert len(rows) == len(copies) + len(steps)
+    for r in rows:
+        median, low, high = float(r["median_s"]), float(r["min_s"]), float(r["max_s"])
+        assert 0 < low <= median <= high and int(r["repeats"]) >= 3
+    assert all("GB/s" in r["note"] for r in copies)
+    assert all(r["speedup"] for r in rows), "every row has a baseline in its (task, size) group"
+    if not missing("matplotlib"):
+        assert sorted(p.name for p in tmp_path.glob("*.png")) == ["gpu_bandwidth.png", "gpu_prefetch.png"]
