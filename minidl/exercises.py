@@ -9,15 +9,24 @@ check the checkers. Needs torch: the exercises compare against ``torch.utils.dat
 from __future__ import annotations
 
 import copy
+import multiprocessing
+import pickle
+import queue
 import random
-from collections.abc import Callable, Iterator, Sequence
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from minidl import toy
 from minidl._random import randperm
+from minidl.collate import default_collate
 from minidl.dataloader import DataLoader
 from minidl.sampler import Batch, Sampler
+from minidl.worker import ExceptionWrapper
 
 Sample = dict[str, Any]  # one item of make_token_samples: {"tokens": 1-d int64 array, "label": int}
 
@@ -484,3 +493,551 @@ def _collate_value_hint(key: str, value, want, batch: Sequence[Sample], lengths:
     if j >= lengths[i]:
         return f"row {i} has {lengths[i]} real tokens; the positions after them hold the padding id 0."
     return f"row {i} starts with sample {i}'s tokens, in order."
+
+
+# --- ex03: a worker loop --------------------------------------------------------------------------
+
+Task = tuple[int, list[int]]  # (task_idx, indices): one batch's worth of work, as the main process sends it
+STUCK_AFTER = 3.0  # seconds a worker loop may take to leave after its sentinel before the checker gives up
+
+
+def simple_worker_loop(dataset: Any, index_queue: Any, result_queue: Any, collate_fn: Callable) -> None:
+    """Answer each task ``(task_idx, indices)`` with ``(task_idx, batch)``; leave at the ``None`` sentinel.
+
+    ex03's reference: minidl's ``_worker_loop`` without seeding, worker info, ``done_event``, the parent
+    watchdog or iterable datasets. A sample or a collate that raises doesn't end the loop: that task is
+    answered with an ``ExceptionWrapper``, for the main process to raise.
+
+    >>> tasks, results = queue.Queue(), queue.Queue()
+    >>> for task in [(7, [3, 4]), (8, [99]), None]:
+    ...     tasks.put(task)
+    >>> simple_worker_loop(toy.RangeDataset(10), tasks, results, list)
+    >>> results.get(), type(results.get()[1]).__name__
+    ((7, [3, 4]), 'ExceptionWrapper')
+    """
+    while True:
+        task = index_queue.get()
+        if task is None:  # the sentinel: no more work
+            return
+        task_idx, indices = task
+        try:
+            batch = collate_fn([dataset[i] for i in indices])
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")  # the error travels back as data; the loop goes on
+        result_queue.put((task_idx, batch))
+
+
+def _worker_cases() -> Iterator[tuple[str, Any, Callable, list[Task]]]:
+    """(description, dataset, collate_fn, tasks): small readable cases first, then seeded random ones."""
+    yield "RangeDataset(10), default_collate", toy.RangeDataset(10), default_collate, [(0, [0, 1, 2]), (1, [3, 4])]
+    yield ("RangeDataset(10), default_collate, task numbers that don't start at 0", toy.RangeDataset(10),
+           default_collate, [(7, [3, 4, 5]), (8, [9]), (3, [0])])
+    yield "RangeDataset(10), default_collate, no tasks at all", toy.RangeDataset(10), default_collate, []
+    yield ("FailingDataset(10, bad_index=5) (sample 5 raises KeyError), default_collate",
+           toy.FailingDataset(10, bad_index=5), default_collate, [(0, [4, 5]), (1, [6, 7]), (2, [8])])
+    yield ("RangeDataset(10), default_collate, index 10 is out of range (IndexError)", toy.RangeDataset(10),
+           default_collate, [(0, [8, 9]), (1, [10]), (2, [0])])
+    yield ("make_token_samples(4, seed=1), pad_mask_collate, an empty task (the collate raises ValueError)",
+           make_token_samples(4, seed=1), pad_mask_collate, [(0, [0, 1]), (1, []), (2, [2, 3])])
+    rng = random.Random(0)
+    for seed in range(30):
+        n = rng.randint(1, 20)
+        if seed % 3 == 0:
+            description = f"RangeDataset({n}), default_collate"
+            dataset, collate_fn = toy.RangeDataset(n), default_collate
+        elif seed % 3 == 1:
+            bad = rng.randrange(n)
+            description = f"FailingDataset({n}, bad_index={bad}), default_collate"
+            dataset, collate_fn = toy.FailingDataset(n, bad_index=bad), default_collate
+        else:
+            description = f"make_token_samples({n}, seed={seed}), pad_mask_collate"
+            dataset, collate_fn = make_token_samples(n, seed=seed), pad_mask_collate
+        labels = rng.sample(range(100), rng.randint(0, 6))  # task numbers: unique, in no particular order
+        # Now and then an index one past the end: that task's answer is an IndexError.
+        tasks = [(label, [rng.randrange(n + (rng.random() < 0.1)) for _ in range(rng.randint(1, 4))])
+                 for label in labels]
+        yield description, dataset, collate_fn, tasks
+
+
+def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None = None) -> None:
+    """Check ex03: ``worker_loop(dataset, index_queue, result_queue, collate_fn)`` against the reference.
+
+    Runs it on many seeded task lists in a thread (where a hang or a crash can be seen and explained), then
+    in two worker processes started with ``start_method`` (this platform's default if None). Raises
+    AssertionError explaining the first mismatch; prints ``All N checks passed``.
+    """
+    checks = _Checks()
+    _check_importable(worker_loop, checks)
+    for description, dataset, collate_fn, tasks in _worker_cases():
+        _check_worker_case(worker_loop, description, dataset, collate_fn, tasks, checks)
+        checks.passed += 1
+    _check_worker_in_processes(worker_loop, start_method, checks)
+    checks.passed += 1
+    checks.done()
+
+
+def _check_importable(worker_loop: Callable, checks: _Checks) -> None:
+    main = sys.modules.get("__main__")
+    interactive = main is None or not hasattr(main, "__file__")
+    if getattr(worker_loop, "__module__", None) == "__main__" and interactive:
+        checks.fail(
+            f"{getattr(worker_loop, '__name__', worker_loop)!r}, defined in this notebook",
+            "a worker process can't import a function defined in a notebook cell",
+            "workers started with spawn or forkserver import the function they run, by module and name; write "
+            "it into a module file (the %%writefile cell) and import it from there.")
+
+
+class _Poison:
+    """Put on an index queue to stop a loop that ignored its sentinel: unpacking it raises."""
+
+    def __iter__(self):
+        raise TypeError("the checker is stopping a worker loop that did not leave at its sentinel")
+
+
+def _run_worker_in_thread(worker_loop, dataset, collate_fn, tasks):
+    """Run ``worker_loop`` on ``tasks`` + sentinel + one extra task; return what it did."""
+    index_queue, result_queue = queue.Queue(), queue.Queue()
+    for task in tasks:
+        index_queue.put(task)
+    index_queue.put(None)
+    index_queue.put((999, [0]))  # after the sentinel: a loop that reads it has not stopped
+    raised = []
+
+    def run():
+        try:
+            worker_loop(dataset, index_queue, result_queue, collate_fn)
+        except BaseException as e:  # noqa: B036 -- anything the learner's loop raises is reported
+            raised.append(e)
+
+    thread = threading.Thread(target=run, name="ex03_worker", daemon=True)
+    thread.start()
+    thread.join(timeout=STUCK_AFTER)
+    still_running = thread.is_alive()
+    unread = index_queue.qsize()  # 1 if the task after the sentinel is still there, as it should be
+    if still_running:
+        for _ in range(3):  # so the thread doesn't wait on the queue forever
+            index_queue.put(_Poison())
+        thread.join(timeout=1.0)
+        raised.clear()  # what the poison made it raise is the checker's doing, not a finding
+    results = []
+    while True:
+        try:
+            results.append(result_queue.get_nowait())
+        except queue.Empty:
+            break
+    return results, (raised[0] if raised else None), still_running, unread
+
+
+def _describe_tasks(tasks: Sequence[Task]) -> str:
+    return f"tasks {list(tasks)}, then None" if tasks else "only the sentinel None"
+
+
+def _check_worker_case(worker_loop, description, dataset, collate_fn, tasks, checks: _Checks) -> None:
+    case = f"{description}, {_describe_tasks(tasks)}"
+    expected_queue = queue.Queue()
+    for task in [*tasks, None]:
+        expected_queue.put(task)
+    expected_results = queue.Queue()
+    simple_worker_loop(dataset, expected_queue, expected_results, collate_fn)
+    expected = [expected_results.get_nowait() for _ in range(expected_results.qsize())]
+
+    results, raised, still_running, unread = _run_worker_in_thread(worker_loop, dataset, collate_fn, tasks)
+    if raised is not None:
+        _explain_crash(raised, results, expected, tasks, case, checks)
+    for k, (want, got) in enumerate(zip(expected, results)):
+        _compare_result(k, want, got, tasks, dataset, collate_fn, case, checks)
+    if len(results) < len(expected):
+        if still_running:
+            checks.fail(case, f"after {len(results)} of {len(expected)} answers your loop stopped answering "
+                              f"(it was still running {STUCK_AFTER:g} s later)",
+                        "read a task, answer it, read the next: one put per task, each as soon as it's done.")
+        checks.fail(case, f"your loop returned after {len(results)} of {len(expected)} answers",
+                    "keep reading tasks until you read None; only the sentinel ends the loop.")
+    if unread == 0 or len(results) > len(expected):
+        checks.fail(case, "your loop read past the sentinel: it took the task put after None"
+                          + (f" and answered it with {results[len(expected)]!r}" if len(results) > len(expected)
+                             else ""),
+                    "when index_queue.get() returns None, return from the function right away.")
+    if still_running:
+        checks.fail(case, f"your loop answered every task but was still running {STUCK_AFTER:g} s after the "
+                          "sentinel None",
+                    "None means 'no more work': return (or break out of the loop) when you read it.")
+
+
+def _explain_crash(raised: BaseException, results, expected, tasks, case, checks: _Checks) -> None:
+    what = f"{type(raised).__name__}: {raised}"
+    if isinstance(raised, TypeError) and "NoneType" in str(raised) and len(results) == len(expected):
+        checks.fail(case, f"your loop answered every task, then raised {what}",
+                    "the None after the last task is the sentinel: check `if task is None` before unpacking, "
+                    "and return.")
+    k = len(results)
+    if k < len(expected) and isinstance(expected[k][1], ExceptionWrapper):
+        exc = expected[k][1].exc_type.__name__
+        checks.fail(case, f"your loop died with {what} on task {tasks[k][0]} (indices {tasks[k][1]}), whose fetch "
+                          f"or collate raises {exc}",
+                    "a worker must survive a bad sample: wrap fetch + collate in try/except Exception, and put "
+                    "(task_idx, ExceptionWrapper(where='in a worker')) for the main process to raise.")
+    raised.add_note(f"(raised by your worker loop after {k} answers, for {case})")
+    raise raised
+
+
+def _compare_result(k, want, got, tasks, dataset, collate_fn, case, checks: _Checks) -> None:
+    want_idx, want_batch = want
+    where = f"answer {k}"
+    if not isinstance(got, tuple | list) or len(got) != 2:
+        checks.fail(case, f"{where} should be the pair {(want_idx, '<batch>')}, but it is {_short(got)}",
+                    "put (task_idx, batch) on result_queue: the main process needs the number to put batches "
+                    "back in order.")
+    got_idx, got_batch = got
+    if got_idx != want_idx:
+        hint = "send back the task_idx that came with the task: the main process reorders by it."
+        if got_idx == k:
+            hint = "send back the task_idx you received with the task, not your own count of tasks."
+        checks.fail(case, f"{where} should be for task {want_idx}, but it says task {got_idx!r}", hint)
+    if isinstance(want_batch, ExceptionWrapper):
+        exc = want_batch.exc_type.__name__
+        if isinstance(got_batch, ExceptionWrapper):
+            if got_batch.exc_type is not want_batch.exc_type:
+                checks.fail(case, f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a "
+                                  f"{got_batch.exc_type.__name__}")
+            return
+        hint = ("wrap the error, inside the except block: ExceptionWrapper(where='in a worker') records the "
+                "exception's type and traceback as text, which travel between processes.")
+        if isinstance(got_batch, BaseException):
+            hint = ("put an ExceptionWrapper, not the exception itself: the wrapper carries the worker's "
+                    "traceback as text (a traceback can't be pickled), so the main process can show it.")
+        checks.fail(case, f"{where} (task {want_idx}, indices {tasks[k][1]}) should be an ExceptionWrapper "
+                          f"holding the {exc} raised by the fetch or collate, but it is {_short(got_batch)}", hint)
+    problem = first_difference(want_batch, got_batch, where=f"the batch of task {want_idx}")
+    if problem:
+        indices = tasks[k][1]
+        hint = f"the batch is collate_fn([dataset[i] for i in {indices}])."
+        samples = [dataset[i] for i in indices]
+        if first_difference(samples, got_batch) is None:
+            hint = "you put the list of samples: pass it through collate_fn first."
+        checks.fail(case, problem, hint)
+
+
+def _short(obj: Any) -> str:
+    text = repr(obj)
+    return f"{_type_name(obj)}: {text if len(text) < 80 else text[:77] + '...'}"
+
+
+class _Crashed:
+    """What ``_guarded_worker`` sends back when the worker loop raised: the worker's id and the error."""
+
+    def __init__(self, worker_id: int, error: ExceptionWrapper) -> None:
+        self.worker_id, self.error = worker_id, error
+
+
+def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, collate_fn) -> None:
+    """A worker process's target: run ``worker_loop``, and send back any error it raises instead of printing it."""
+    try:
+        worker_loop(dataset, index_queue, result_queue, collate_fn)
+    except BaseException:  # noqa: B036 -- reported to the main process, which raises it
+        result_queue.put(_Crashed(worker_id, ExceptionWrapper(where=f"in worker process {worker_id}")))
+
+
+def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: Sequence[Task],
+                         collate_fn: Callable = default_collate, num_workers: int = 2,
+                         start_method: str | None = None, timeout: float = 60.0) -> dict[int, Any]:
+    """Run ``worker_loop`` in ``num_workers`` processes; deal out ``tasks`` round-robin; return ``{task_idx: batch}``.
+
+    The main process's side of notebook 05's picture, in small: one index queue per worker, one shared result
+    queue, a ``None`` sentinel per worker once every answer is in. An error raised by the worker loop itself (not
+    by a sample) is raised here, with the worker's traceback. ``start_method`` None is this platform's default.
+    """
+    ctx = multiprocessing.get_context(start_method)
+    index_queues = [ctx.Queue() for _ in range(num_workers)]
+    result_queue = ctx.Queue()
+    workers = [ctx.Process(target=_guarded_worker, args=(worker_loop, i, dataset, q, result_queue, collate_fn),
+                           name=f"worker {i}", daemon=True) for i, q in enumerate(index_queues)]
+    try:
+        for w in workers:
+            w.start()  # under spawn/forkserver this pickles worker_loop: it must be importable
+        for k, task in enumerate(tasks):
+            index_queues[k % num_workers].put(task)
+        answers: dict[int, Any] = {}
+        deadline = time.monotonic() + timeout
+        while len(answers) < len(tasks):
+            try:
+                answer = result_queue.get(timeout=0.2)
+            except queue.Empty:
+                dead = [w for w in workers if not w.is_alive()]
+                if dead or time.monotonic() > deadline:
+                    why = f"{dead[0].name} exited with code {dead[0].exitcode}" if dead else f"none for {timeout:g} s"
+                    raise RuntimeError(f"{len(answers)} of {len(tasks)} answers arrived: {why}") from None
+                continue
+            if isinstance(answer, _Crashed):
+                answer.error.reraise()
+            task_idx, batch = answer
+            answers[task_idx] = batch
+        for q in index_queues:  # only now: a tensor in shared memory must be received before its worker exits
+            q.put(None)
+        for w in workers:
+            w.join(timeout=10)
+        stuck = [w.name for w in workers if w.is_alive()]
+        if stuck:
+            raise RuntimeError(f"{', '.join(stuck)} did not exit within 10 s of its sentinel")
+        if any(w.exitcode for w in workers):
+            raise RuntimeError(f"the workers exited with codes {[w.exitcode for w in workers]}, not 0")
+        return answers
+    finally:
+        for w in workers:
+            if w.is_alive():
+                w.terminate()
+                w.join(timeout=5)
+        for q in [*index_queues, result_queue]:
+            q.cancel_join_thread()
+            q.close()
+
+
+def _check_worker_in_processes(worker_loop, start_method: str | None, checks: _Checks) -> None:
+    """Two real worker processes, tasks dealt round-robin, answers gathered from one shared result queue."""
+    dataset = toy.FailingDataset(24, bad_index=13)
+    tasks = [(k, [2 * k, 2 * k + 1]) for k in range(12)]
+    method = start_method or multiprocessing.get_start_method()
+    case = (f"two worker processes ({method}), FailingDataset(24, bad_index=13), default_collate, "
+            "tasks (k, [2k, 2k + 1]) for k in 0..11 dealt round-robin")
+    expected_queue, expected_results = queue.Queue(), queue.Queue()
+    for task in [*tasks, None]:
+        expected_queue.put(task)
+    simple_worker_loop(dataset, expected_queue, expected_results, default_collate)
+    expected = dict(expected_results.get_nowait() for _ in range(len(tasks)))
+    try:
+        got = run_worker_processes(worker_loop, dataset, tasks, default_collate, start_method=start_method)
+    except (TypeError, AttributeError, pickle.PicklingError) as e:  # what pickling a function can raise
+        checks.fail(case, f"the worker processes could not be given your function: {type(e).__name__}: {e}",
+                    "write it into a module file and import it from there, so a fresh process can import it.")
+    except RuntimeError as e:
+        checks.fail(case, str(e).splitlines()[0], "return from the function when you read None; nothing else.")
+    for idx in sorted(expected):
+        want, have = expected[idx], got.get(idx)
+        if isinstance(want, ExceptionWrapper):
+            if not (isinstance(have, ExceptionWrapper) and have.exc_type is want.exc_type):
+                checks.fail(case, f"task {idx} should come back as an ExceptionWrapper holding a KeyError, "
+                                  f"but it is {_short(have)}")
+            continue
+        problem = first_difference(want, have, where=f"the batch of task {idx}")
+        if problem:
+            checks.fail(case, problem)
+
+
+# --- ex04: a one-batch-ahead prefetcher ----------------------------------------------------------
+
+
+def make_image_batches(n_batches: int, batch_size: int = 4, channels: int = 3, size: tuple[int, int] = (4, 4),
+                       seed: int = 0) -> list[tuple[Any, Any]]:
+    """``n_batches`` batches ``(uint8 images (B, C, H, W), int64 targets)``; targets number the samples 0, 1, ...
+
+    >>> [(tuple(x.shape), x.dtype, y.tolist()) for x, y in make_image_batches(2, batch_size=2, size=(3, 3))]
+    [((2, 3, 3, 3), torch.uint8, [0, 1]), ((2, 3, 3, 3), torch.uint8, [2, 3])]
+    """
+    torch = _torch()
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 256, (batch_size, channels, *size), dtype=torch.uint8, generator=g),
+             torch.arange(k * batch_size, (k + 1) * batch_size)) for k in range(n_batches)]
+
+
+class RecordingLoader:
+    """A loader over ready-made batches that notes each batch it hands out in ``log`` ("fetch 0", ...).
+
+    Others may append to the same ``log`` (a consumer's "yield 0"), to see in which order things happened.
+
+    >>> loader = RecordingLoader(["a", "b"])
+    >>> list(loader), loader.log
+    (['a', 'b'], ['fetch 0', 'fetch 1'])
+    """
+
+    def __init__(self, batches: Sequence[Any], log: list[str] | None = None) -> None:
+        self.batches = batches
+        self.log = [] if log is None else log
+        self.fetched = 0  # batches handed out so far, over all passes
+        self.passes = 0  # how many times iteration started
+
+    def __iter__(self) -> Iterator[Any]:
+        self.passes += 1
+        for k, batch in enumerate(self.batches):
+            self.log.append(f"fetch {k}")
+            self.fetched += 1
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+def prefetch_one_ahead(loader: Iterable[Any], mean: Sequence[float], std: Sequence[float]) -> Iterator[Any]:
+    """Yield ``loader``'s ``(images, targets)`` normalised, each only once the next one is fetched (ex04's reference).
+
+    Images become float32 ``(x - mean * 255) / (std * 255)`` per channel, as ``minidl.prefetch.PrefetchLoader``
+    computes them; at most one batch is held besides the one handed out.
+
+    >>> batches = make_image_batches(3, batch_size=2, channels=1)
+    >>> out = list(prefetch_one_ahead(batches, mean=[0.0], std=[1 / 255]))  # (x - 0) / 1: the raw values
+    >>> [y.tolist() for _, y in out], [x.float().equal(raw.float()) for (x, _), (raw, _) in zip(out, batches)]
+    ([[0, 1], [2, 3], [4, 5]], [True, True, True])
+    """
+    torch = _torch()
+    shape = (1, len(mean), 1, 1)  # broadcasts over (N, C, H, W)
+    scale = torch.tensor([m * 255 for m in mean], dtype=torch.float32).view(shape)
+    spread = torch.tensor([s * 255 for s in std], dtype=torch.float32).view(shape)
+    current = None  # the batch ready to hand out
+    for images, targets in loader:
+        upcoming = ((images.to(torch.float32) - scale) / spread, targets)  # started before `current` is yielded
+        if current is not None:
+            yield current
+        current = upcoming
+    if current is not None:  # the loader ran out: the batch still held is the last one
+        yield current
+
+
+def _prefetch_cases() -> Iterator[tuple[str, list[tuple[Any, Any]], list[float], list[float]]]:
+    """(description, batches, mean, std): small readable cases first, then seeded random ones."""
+    imagenet = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    yield "3 batches of 2 images, 3x4x4, ImageNet statistics", make_image_batches(3, 2), *imagenet
+    yield "1 batch", make_image_batches(1, 2), *imagenet
+    yield "2 batches", make_image_batches(2, 3, seed=1), *imagenet
+    yield "an empty loader (no batches)", [], *imagenet
+    yield "5 batches of 1 grey image, 1x2x3", make_image_batches(5, 1, 1, (2, 3), seed=2), [0.5], [0.25]
+    rng = random.Random(0)
+    for seed in range(30):
+        n, size, channels = rng.randint(0, 7), rng.randint(1, 4), rng.choice((1, 3))
+        shape = (rng.randint(1, 5), rng.randint(1, 5))
+        mean = [round(rng.uniform(0.2, 0.8), 3) for _ in range(channels)]
+        std = [round(rng.uniform(0.1, 0.4), 3) for _ in range(channels)]
+        description = f"{n} batches of {size} images, {channels}x{shape[0]}x{shape[1]}, make_image_batches seed {seed}"
+        yield description, make_image_batches(n, size, channels, shape, seed=seed), mean, std
+
+
+def check_prefetcher(prefetcher: Callable[..., Iterable[Any]]) -> None:
+    """Check ex04: ``prefetcher(loader, mean, std)`` (a generator function or a class) against the reference.
+
+    On each case it must yield every batch once, in order, normalised like ``PrefetchLoader``, and fetch batch
+    k + 1 (never k + 2) before handing out batch k. Then it runs over a ``minidl.DataLoader``. Raises
+    AssertionError explaining the first mismatch; prints ``All N checks passed``.
+    """
+    checks = _Checks()
+    for description, batches, mean, std in _prefetch_cases():
+        _check_prefetch_case(prefetcher, description, batches, mean, std, checks)
+        checks.passed += 1
+    _check_prefetcher_with_dataloader(prefetcher, checks)
+    checks.done()
+
+
+def _reference_outputs(batches, mean, std) -> list[tuple[Any, Any]]:
+    """What PrefetchLoader(device="cpu") yields for these batches: the reference normalisation."""
+    from minidl.prefetch import PrefetchLoader
+
+    return list(PrefetchLoader(batches, device="cpu", mean=mean, std=std, channels=len(mean)))
+
+
+def _check_prefetch_case(prefetcher, description, batches, mean, std, checks: _Checks) -> None:
+    torch = _torch()
+    case = f"{description}, mean={mean}, std={std}"
+    expected = _reference_outputs(batches, mean, std)
+    untouched = [(x.clone(), y.clone()) for x, y in batches]
+    log: list[str] = []
+    loader = RecordingLoader(batches, log)
+    got = []
+    try:
+        for k, item in enumerate(prefetcher(loader, mean, std)):
+            log.append(f"yield {k}")
+            fetched_then = loader.fetched
+            got.append(item)
+            if k + 1 < len(batches) and fetched_then < k + 2:
+                checks.fail(case, f"when you handed out batch {k}, batch {k + 1} had not been fetched yet "
+                                  f"(order so far: {', '.join(log)})",
+                            "take the next batch from the loader (and normalise it) before you yield the current "
+                            "one; that is what prefetching means.")
+            if fetched_then > k + 2:
+                checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched_then} batches "
+                                  f"(order so far: {', '.join(log)})",
+                            "stay one batch ahead, no more: every batch held costs memory (GPU memory, on a GPU).")
+            if k >= len(batches):
+                break
+    except RuntimeError as e:
+        if "StopIteration" in str(e):
+            checks.fail(case, f"your prefetcher raised RuntimeError: {e}",
+                        "next(iterator) on an exhausted iterator raises StopIteration, which a generator turns "
+                        "into this error: use next(iterator, None), or a for loop over the loader.")
+        e.add_note(f"(raised by your prefetcher, for {case})")
+        raise
+    except Exception as e:
+        e.add_note(f"(raised by your prefetcher, for {case})")
+        raise
+    if loader.passes != 1:
+        checks.fail(case, f"you iterated the loader {loader.passes} times for one pass over the data",
+                    "loop over the loader once: a DataLoader starts a new epoch (and new workers) on each iter().")
+    for k, ((x, y), (before_x, before_y)) in enumerate(zip(batches, untouched)):
+        if not (torch.equal(x, before_x) and torch.equal(y, before_y)):
+            checks.fail(case, f"batch {k} of the loader was changed in place",
+                        "make a new tensor for the normalised images; never write into the loader's batches.")
+    if len(got) != len(expected):
+        hint = ""
+        if len(got) == len(expected) - 1:
+            hint = ("the last batch is missing: when the loop over the loader ends, one batch is still held; "
+                    "yield it too.")
+        elif len(got) > len(expected):
+            hint = "each batch is handed out exactly once."
+        checks.fail(case, f"the loader has {len(expected)} batches, but you yielded {len(got)}", hint)
+    for k, (item, (want_x, want_y)) in enumerate(zip(got, expected)):
+        _compare_prefetched(k, item, want_x, want_y, batches, mean, std, case, checks)
+
+
+def _compare_prefetched(k, item, want_x, want_y, batches, mean, std, case, checks: _Checks) -> None:
+    torch = _torch()
+    where = f"batch {k}"
+    if not isinstance(item, tuple | list) or len(item) != 2:
+        checks.fail(case, f"{where} should be a pair (images, targets), but it is {_short(item)}")
+    x, y = item
+    if not isinstance(x, torch.Tensor):
+        checks.fail(case, f"{where}'s images should be a torch.Tensor, but they are {_type_name(x)}")
+    if x.dtype != torch.float32:
+        checks.fail(case, f"{where}'s images should have dtype torch.float32, but they have {x.dtype}",
+                    "convert with images.to(torch.float32) (or .float()), and keep mean and std float32 too.")
+    if tuple(x.shape) != tuple(want_x.shape):
+        checks.fail(case, f"{where}'s images should have shape {tuple(want_x.shape)}, but they have "
+                          f"{tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W).")
+    if not (isinstance(y, torch.Tensor) and torch.equal(y, want_y)):
+        moved = next((j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)),
+                     None)
+        if moved is not None:
+            checks.fail(case, f"the batch you handed out in place {k} is the loader's batch {moved}",
+                        "hand the batches out in the loader's order: yield the batch you held, then hold the new one.")
+        checks.fail(case, f"{where}'s targets should be {want_y.tolist()}, but they are {_short(y)}",
+                    "pass the targets through untouched.")
+    if not torch.allclose(x, want_x, rtol=1e-5, atol=1e-5):
+        i = tuple(int(v) for v in torch.nonzero(~torch.isclose(x, want_x, rtol=1e-5, atol=1e-5))[0])
+        raw = int(batches[k][0][i])
+        c = i[1]
+        hint = (f"the raw value there is {raw} (channel {c}, mean {mean[c]}, std {std[c]}): "
+                f"({raw} - {mean[c]} * 255) / ({std[c]} * 255) = {float(want_x[i]):.4f}.")
+        if abs(float(x[i]) - (raw - mean[c]) / std[c]) < 1e-3:
+            hint = ("mean and std are for images scaled to [0, 1], and these are 0..255: scale them by 255, "
+                    "(x - mean * 255) / (std * 255).")
+        checks.fail(case, f"{where}'s images{list(i)} should be {float(want_x[i]):.5f}, but it is {float(x[i]):.5f}",
+                    hint)
+
+
+def _check_prefetcher_with_dataloader(prefetcher, checks: _Checks) -> None:
+    """Over a real minidl.DataLoader with fast_collate: the same batches as PrefetchLoader gives."""
+    import functools
+
+    from minidl.prefetch import PrefetchLoader, fast_collate
+
+    rng = np.random.default_rng(5)
+    samples = [(rng.integers(0, 256, size=(6, 5, 3), dtype=np.uint8), i) for i in range(10)]  # HWC images
+    loader = DataLoader(samples, batch_size=4, collate_fn=functools.partial(fast_collate, channels_last=True))
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    case = "minidl.DataLoader(10 HWC uint8 images, batch_size=4, collate_fn=fast_collate(channels_last=True))"
+    want = list(PrefetchLoader(loader, device="cpu", mean=mean, std=std))
+    try:
+        got = list(prefetcher(loader, mean, std))
+    except Exception as e:
+        e.add_note(f"(raised by your prefetcher, for {case})")
+        raise
+    if len(got) != len(want):
+        checks.fail(case, f"the loader has {len(want)} batches, but you yielded {len(got)}")
+    for k, (item, (want_x, want_y)) in enumerate(zip(got, want)):
+        _compare_prefetched(k, item, want_x, want_y, [b for b in loader], mean, std, case, checks)
+    checks.passed += 1

@@ -1,20 +1,33 @@
 """minidl.exercises: the checkers pass the reference solutions and explain what is wrong with others."""
 
 import re
+import sys
+import threading
+import types
 
 import numpy as np
 import pytest
 import torch
 
+from minidl import toy
 from minidl.exercises import (
+    RecordingLoader,
     SortedBatchSampler,
     check_collate,
+    check_prefetcher,
     check_sampler,
+    check_worker_loop,
     first_difference,
+    make_image_batches,
     make_token_samples,
     pad_mask_collate,
+    prefetch_one_ahead,
+    run_worker_processes,
+    simple_worker_loop,
 )
+from minidl.prefetch import PrefetchLoader
 from minidl.sampler import BatchSampler, SequentialSampler
+from minidl.worker import ExceptionWrapper
 
 # --- the references agree with torch ---------------------------------------------------------------
 
@@ -297,3 +310,300 @@ def test_check_collate_names_the_case_when_the_collate_raises():
     with pytest.raises(NotImplementedError, match="write the collate") as info:
         check_collate(unfinished)
     assert "two samples, 3 and 1 tokens" in info.value.__notes__[0]
+
+
+# --- check_worker_loop (ex03) ----------------------------------------------------------------------
+# The wrong loops live at module level, so worker processes (under any start method) could import them.
+
+
+def test_check_worker_loop_accepts_the_reference(capsys):
+    check_worker_loop(simple_worker_loop)
+    assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
+
+
+def test_check_worker_loop_accepts_the_reference_under_spawn(capsys):
+    check_worker_loop(simple_worker_loop, start_method="spawn")
+    assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
+
+
+def unpacks_the_sentinel(dataset, index_queue, result_queue, collate_fn):
+    while True:
+        task_idx, indices = index_queue.get()
+        try:
+            batch = collate_fn([dataset[i] for i in indices])
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")
+        result_queue.put((task_idx, batch))
+
+
+def dies_on_a_bad_sample(dataset, index_queue, result_queue, collate_fn):
+    while (task := index_queue.get()) is not None:
+        task_idx, indices = task
+        result_queue.put((task_idx, collate_fn([dataset[i] for i in indices])))
+
+
+def numbers_tasks_itself(dataset, index_queue, result_queue, collate_fn):
+    count = 0
+    while (task := index_queue.get()) is not None:
+        try:
+            batch = collate_fn([dataset[i] for i in task[1]])
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")
+        result_queue.put((count, batch))
+        count += 1
+
+
+def forgets_to_collate(dataset, index_queue, result_queue, collate_fn):
+    while (task := index_queue.get()) is not None:
+        task_idx, indices = task
+        try:
+            batch = [dataset[i] for i in indices]
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")
+        result_queue.put((task_idx, batch))
+
+
+def skips_the_sentinel(dataset, index_queue, result_queue, collate_fn):
+    while True:
+        task = index_queue.get()
+        if task is None:
+            continue  # should leave
+        task_idx, indices = task
+        try:
+            batch = collate_fn([dataset[i] for i in indices])
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")
+        result_queue.put((task_idx, batch))
+
+
+def puts_the_exception(dataset, index_queue, result_queue, collate_fn):
+    while (task := index_queue.get()) is not None:
+        task_idx, indices = task
+        try:
+            batch = collate_fn([dataset[i] for i in indices])
+        except Exception as e:
+            batch = e
+        result_queue.put((task_idx, batch))
+
+
+def stops_at_the_first_error(dataset, index_queue, result_queue, collate_fn):
+    while (task := index_queue.get()) is not None:
+        task_idx, indices = task
+        try:
+            batch = collate_fn([dataset[i] for i in indices])
+        except Exception:
+            result_queue.put((task_idx, ExceptionWrapper(where="in a worker")))
+            return
+        result_queue.put((task_idx, batch))
+
+
+def answers_without_the_number(dataset, index_queue, result_queue, collate_fn):
+    while (task := index_queue.get()) is not None:
+        try:
+            batch = collate_fn([dataset[i] for i in task[1]])
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")
+        result_queue.put(batch)
+
+
+lambda_loop = lambda *args: simple_worker_loop(*args)  # noqa: E731 -- a lambda can't be pickled for spawn
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (unpacks_the_sentinel, r"answered every task, then raised TypeError.*check `if task is None` before"),
+        (dies_on_a_bad_sample, r"died with KeyError.*on task 0 \(indices \[4, 5\]\).*survive a bad sample"),
+        (numbers_tasks_itself, r"should be for task 7, but it says task 0.*not your own count"),
+        (forgets_to_collate, r"should be a torch.Tensor, but it is a list.*pass it through collate_fn"),
+        (skips_the_sentinel, r"read past the sentinel.*return from the function right away"),
+        (puts_the_exception, r"should be an ExceptionWrapper holding the KeyError.*not the exception itself"),
+        (stops_at_the_first_error, r"returned after 1 of 3 answers.*only the sentinel ends the loop"),
+        (answers_without_the_number, r"answer 0 should be the pair \(0, '<batch>'\), but it is a torch.Tensor"),
+    ],
+)
+def test_check_worker_loop_rejects_a_wrong_loop_and_says_why(wrong, message):
+    with pytest.raises(AssertionError, match=r"check \d+ failed, for ") as info:
+        check_worker_loop(wrong)
+    assert re.search(message, str(info.value), re.DOTALL), str(info.value)
+
+
+def test_check_worker_loop_needs_a_function_workers_can_import(monkeypatch):
+    def in_a_cell(dataset, index_queue, result_queue, collate_fn):
+        simple_worker_loop(dataset, index_queue, result_queue, collate_fn)
+
+    in_a_cell.__module__ = "__main__"
+    monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # a kernel's: no __file__
+    with pytest.raises(AssertionError, match=r"(?s)can't import a function defined in a notebook cell.*%%writefile"):
+        check_worker_loop(in_a_cell)
+
+
+def test_check_worker_loop_under_spawn_rejects_what_a_worker_cannot_import():
+    with pytest.raises(AssertionError, match=r"(?s)two worker processes \(spawn\).*could not be given your function"):
+        check_worker_loop(lambda_loop, start_method="spawn")
+
+
+def unfinished_loop(dataset, index_queue, result_queue, collate_fn):
+    raise NotImplementedError("write worker_loop")
+
+
+def test_check_worker_loop_names_the_case_when_the_loop_raises():
+    with pytest.raises(NotImplementedError, match="write worker_loop") as info:
+        check_worker_loop(unfinished_loop)
+    assert "after 0 answers, for RangeDataset(10), default_collate, tasks [(0, [0, 1, 2])" in info.value.__notes__[0]
+
+
+def test_run_worker_processes_gathers_every_answer_and_raises_a_crash_of_the_loop():
+    answers = run_worker_processes(simple_worker_loop, toy.FailingDataset(10, bad_index=3),
+                                   [(k, [2 * k, 2 * k + 1]) for k in range(5)])
+    assert sorted(answers) == [0, 1, 2, 3, 4]
+    assert [answers[k].tolist() for k in (0, 2, 3, 4)] == [[0, 1], [4, 5], [6, 7], [8, 9]]
+    assert answers[1].exc_type is KeyError
+    with pytest.raises(NotImplementedError, match=r"(?s)in worker process \d.*write worker_loop"):
+        run_worker_processes(unfinished_loop, toy.RangeDataset(4), [(0, [0]), (1, [1])])
+
+
+# --- check_prefetcher (ex04) -----------------------------------------------------------------------
+
+IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+
+
+def normalise(images, mean, std):
+    shape = (1, len(mean), 1, 1)
+    return (images.float() - torch.tensor(mean).view(shape) * 255) / (torch.tensor(std).view(shape) * 255)
+
+
+def test_prefetch_one_ahead_matches_prefetch_loader_and_stays_one_ahead():
+    batches = make_image_batches(4, batch_size=3)
+    loader = RecordingLoader(batches)
+    out = []
+    for k, (x, y) in enumerate(prefetch_one_ahead(loader, *IMAGENET)):
+        loader.log.append(f"yield {k}")
+        out.append((x, y))
+    assert loader.log == ["fetch 0", "fetch 1", "yield 0", "fetch 2", "yield 1", "fetch 3", "yield 2", "yield 3"]
+    for (x, y), (want_x, want_y) in zip(out, PrefetchLoader(batches, device="cpu")):
+        assert torch.equal(x, want_x) and torch.equal(y, want_y)
+
+
+def test_check_prefetcher_accepts_the_reference(capsys):
+    check_prefetcher(prefetch_one_ahead)
+    assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
+
+
+class PrefetcherClass:
+    """A class is accepted as well as a generator function."""
+
+    def __init__(self, loader, mean, std):
+        self.loader, self.mean, self.std = loader, mean, std
+
+    def __iter__(self):
+        held = None
+        for images, targets in self.loader:
+            upcoming = normalise(images, self.mean, self.std), targets
+            if held is not None:
+                yield held
+            held = upcoming
+        if held is not None:
+            yield held
+
+
+def test_check_prefetcher_accepts_a_class_and_another_formula(capsys):
+    check_prefetcher(PrefetcherClass)  # (x - 255 m) / (255 s) in another order of operations: close enough
+    assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
+
+
+def lazy(loader, mean, std):
+    for images, targets in loader:
+        yield normalise(images, mean, std), targets
+
+
+def drops_the_last_batch(loader, mean, std):
+    held = None
+    for images, targets in loader:
+        if held is not None:
+            yield held
+        held = normalise(images, mean, std), targets
+
+
+def forgets_the_255(loader, mean, std):
+    shape = (1, len(mean), 1, 1)
+    for x, y in prefetch_one_ahead(loader, [0.0] * len(mean), [1 / 255] * len(std)):
+        yield (x - torch.tensor(mean).view(shape)) / torch.tensor(std).view(shape), y
+
+
+def reads_everything_first(loader, mean, std):
+    batches = [(normalise(x, mean, std), y) for x, y in loader]
+    yield from batches
+
+
+def in_float64(loader, mean, std):
+    for x, y in prefetch_one_ahead(loader, mean, std):
+        yield x.double(), y
+
+
+def crashes_on_an_empty_loader(loader, mean, std):
+    it = iter(loader)
+    held = next(it)
+    for images, targets in it:
+        yield normalise(*held[:1], mean, std), held[1]
+        held = images, targets
+    yield normalise(held[0], mean, std), held[1]
+
+
+def hands_out_the_new_batch(loader, mean, std):
+    held = None
+    for images, targets in loader:
+        before, held = held, (normalise(images, mean, std), targets)
+        if before is not None:
+            yield held  # should be `before`
+    if held is not None:
+        yield held
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (lazy, r"when you handed out batch 0, batch 1 had not been fetched yet.*before you yield the current"),
+        (drops_the_last_batch, r"has 3 batches, but you yielded 2.*the last batch is missing"),
+        (forgets_the_255, r"should be .*, but it is .*scale them by 255"),
+        (reads_everything_first, r"already fetched 3 batches.*one batch ahead, no more"),
+        (in_float64, r"should have dtype torch.float32, but they have torch.float64"),
+        (crashes_on_an_empty_loader, r"an empty loader.*RuntimeError.*next\(iterator, None\)"),
+        (hands_out_the_new_batch, r"handed out in place 0 is the loader's batch 1"),
+    ],
+)
+def test_check_prefetcher_rejects_a_wrong_prefetcher_and_says_why(wrong, message):
+    with pytest.raises(AssertionError, match=r"check \d+ failed, for ") as info:
+        check_prefetcher(wrong)
+    assert re.search(message, str(info.value), re.DOTALL), str(info.value)
+
+
+def test_check_prefetcher_names_the_case_when_the_prefetcher_raises():
+    def unfinished(loader, mean, std):
+        raise NotImplementedError("write the prefetcher")
+        yield
+
+    with pytest.raises(NotImplementedError, match="write the prefetcher") as info:
+        check_prefetcher(unfinished)
+    assert "3 batches of 2 images" in info.value.__notes__[0]
+
+
+def hangs_at_the_sentinel(dataset, index_queue, result_queue, collate_fn):
+    while (task := index_queue.get()) is not None:
+        result_queue.put((task[0], collate_fn([dataset[i] for i in task[1]])))
+    index_queue.get()  # waits for more instead of returning: reads the task after None, then the poison
+
+
+def waits_at_the_sentinel(dataset, index_queue, result_queue, collate_fn):
+    while (task := index_queue.get()) is not None:
+        result_queue.put((task[0], collate_fn([dataset[i] for i in task[1]])))
+    threading.Event().wait(10)  # neither reads on nor returns
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (hangs_at_the_sentinel, r"read past the sentinel: it took the task put after None"),
+    (waits_at_the_sentinel, r"answered every task but was still running 3 s after the sentinel None"),
+])
+def test_check_worker_loop_tells_reading_past_the_sentinel_from_not_leaving(wrong, message):
+    with pytest.raises(AssertionError, match=message):
+        check_worker_loop(wrong)
