@@ -38,11 +38,14 @@ class Recorder:
     def __init__(self, lane: str) -> None:
         self.lane = lane
         self.events: list[dict] = []
+        self._where = None  # (pid, thread id), read once, by the thread that records
 
     def add(self, event: str, batch: int, start: float, end: float | None = None, **args) -> None:
+        if self._where is None:
+            self._where = (os.getpid(), threading.get_native_id())
+        pid, tid = self._where
         self.events.append({"event": event, "lane": self.lane, "batch": batch, "start": start,
-                            "end": start if end is None else end, "pid": os.getpid(),
-                            "tid": threading.get_native_id(), **args})
+                            "end": start if end is None else end, "pid": pid, "tid": tid, **args})
 
     def instant(self, event: str, batch: int, **args) -> None:
         self.add(event, batch, now(), **args)

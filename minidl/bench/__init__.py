@@ -29,6 +29,8 @@ from minidl.bench.machine import describe, machine_info, machine_tag
 # Suite name -> module that defines run(session). Run in this order when none is named.
 SUITES: dict[str, str] = {
     "kernels": "minidl.bench.kernels",
+    "loaders": "minidl.bench.loaders",
+    "overhead": "minidl.bench.overhead",
     "gpu": "minidl.bench.gpu",
 }
 

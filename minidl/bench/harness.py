@@ -194,6 +194,9 @@ def run_suites(names: Sequence[str], quick: bool, out: Path) -> list[Row]:
             session = Session(name, quick, out, bar)
             module.run(session)
             fill_speedups(session.rows)
+            if not session.rows:  # every measurement skipped (no CUDA, say): no header-only CSV to mislead
+                bar.write(f"[{name}] measured nothing: no CSV written")
+                continue
             bar.write(f"\n== {name} ==\n{format_table(session.rows)}")
             bar.write(f"wrote {write_csv(session.rows, out / f'{name}.csv')}")
             for path in session.figures:

@@ -1,0 +1,439 @@
+"""The ``loaders`` suite: minidl's DataLoader against ``torch.utils.data.DataLoader`` at equal settings.
+
+Three backends (torch; minidl with process workers; minidl with thread workers) load the four workloads
+of ``minidl.bench.workloads`` (``python``, ``numpy``, ``images``, ``io``) with ``num_workers`` 0, 1, 2
+and 4, batch size 32, shuffled by the same seeded generator. Before anything is timed, each workload's
+first batches from every backend are checked to equal torch's. One *epoch* (``iter()`` until
+StopIteration, worker start and shutdown included, as a loop without ``persistent_workers`` pays them)
+gives:
+
+* samples/s over the epoch, and the time to the first batch;
+* CPU utilisation: process + children CPU time / wall time / cores;
+* peak memory of the main process plus its workers, sampled by a background thread every 0.2 s: USS
+  summed (pages each process alone maps) and PSS summed (shared pages split between the processes that
+  map them). USS misses what forked workers share with the main process copy-on-write, which is most of
+  it, so PSS is the one that compares processes with threads.
+
+Compared backends run in *rounds*, one epoch each, in rotating order: a round to warm up, then the
+timed ones, so a neighbour's load on a shared machine hits them alike. CSV rows (the harness's columns):
+task ``<workload>`` is the epoch (``size`` samples; speedup against torch with no workers) and
+``<workload> first batch`` the time to the first batch; memory and CPU go in ``note``, and each metric's
+median, min and max in the extra file ``loaders_metrics.csv``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import resource
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, TypeVar
+
+from minidl.bench import workloads
+from minidl.bench.harness import Session, Timing, missing
+from minidl.bench.machine import core_count, machine_info
+
+REQUIRES = ("torch", "psutil", "PIL")
+BACKENDS = ("torch", "minidl process", "minidl thread")
+BATCH_SIZE = 32
+CHECK_BATCHES = 2  # batches compared across backends before timing
+SEED = 0
+MIB = 2**20
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Samples per epoch for each workload, and their knobs; FULL takes about five minutes on 2 cores."""
+
+    python: int
+    python_side: int  # pixels per side: ~2 ms of pure Python per sample at 32
+    numpy: int
+    numpy_images: int  # distinct images held in memory (samples reuse them round-robin)
+    images: int
+    image_files_per_class: int
+    image_set: str  # cache folder name (see workloads.image_folder)
+    io: int
+    io_latency: float
+    repeats: int
+    workers: tuple[int, ...] = (0, 1, 2, 4)  # the reference machine has 2 cores: 4 shows oversubscription
+    # Reading a process's USS walks its page tables under its mmap lock (~1 ms each), which stalls
+    # process workers mapping shared memory: every 0.05 s slowed them ~10% here, every 0.2 s 1-2%.
+    memory_interval: float = 0.2
+
+
+FULL = Sizes(python=640, python_side=32, numpy=8192, numpy_images=4096, images=768, image_files_per_class=300,
+             image_set=f"images-v{workloads.IMAGE_SET_VERSION}", io=384, io_latency=0.004, repeats=5)
+QUICK = Sizes(python=64, python_side=12, numpy=256, numpy_images=256, images=64, image_files_per_class=7,
+              image_set=f"images-v{workloads.IMAGE_SET_VERSION}-quick", io=64, io_latency=0.001, repeats=3,
+              workers=(0, 2), memory_interval=0.02)  # epochs of ~0.1 s: sample often, speed matters not
+
+
+def make_workloads(sizes: Sizes) -> dict[str, Any]:
+    """The four datasets, by name (the image folder is generated on first use and cached)."""
+    root = workloads.image_folder(sizes.image_files_per_class, name=sizes.image_set)
+    return {
+        "python": workloads.PythonWorkload(sizes.python, side=sizes.python_side),
+        "numpy": workloads.NumpyWorkload(sizes.numpy, pool=sizes.numpy_images),
+        "images": workloads.ImageFolderWorkload(root, limit=sizes.images),
+        "io": workloads.IoWorkload(sizes.io, latency=sizes.io_latency),
+    }
+
+
+# --- one loader, one epoch ------------------------------------------------------------------------
+
+def make_loader(backend: str, dataset: Any, num_workers: int, *, batch_size: int = BATCH_SIZE, seed: int = SEED,
+                **kwargs: Any) -> Iterable:
+    """A shuffling DataLoader of ``backend`` ("torch", "minidl process" or "minidl thread"), seeded alike."""
+    import torch
+    import torch.utils.data
+
+    import minidl
+
+    generator = torch.Generator().manual_seed(seed)  # the same shuffle for every backend
+    common = {"batch_size": batch_size, "shuffle": True, "num_workers": num_workers, "generator": generator}
+    if backend == "torch":
+        return torch.utils.data.DataLoader(dataset, **common, **kwargs)
+    method = "thread" if backend == "minidl thread" else "multiprocessing"
+    return minidl.DataLoader(dataset, **common, worker_method=method, **kwargs)
+
+
+class PeakMemory:
+    """Peak memory of this process and its children, sampled every ``interval`` s by a background thread.
+
+    Sums USS (pages a process alone owns: what it would give back by exiting) and PSS (each shared page
+    split between the processes that map it, so the sum is the group's share of physical memory).
+    """
+
+    def __init__(self, interval: float = FULL.memory_interval) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self.interval = interval
+        self.uss = self.pss = 0  # peaks, in bytes
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench_memory_sampler", daemon=True)
+
+    def sample(self) -> None:
+        """Add up USS and PSS over this process and its live children; keep the peaks."""
+        uss = pss = 0
+        for p in [self._me, *self._me.children(recursive=True)]:
+            try:
+                info = p.memory_full_info()
+            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
+                continue  # a worker that exited between listing and reading
+            uss, pss = uss + info.uss, pss + info.pss
+        self.uss, self.pss = max(self.uss, uss), max(self.pss, pss)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def __enter__(self) -> PeakMemory:
+        self.sample()  # the first sample before the caller starts its clock, so it can't delay the start
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()  # the state at the end counts too (a short epoch may fit between two samples)
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """What one pass over a loader measured."""
+
+    seconds: float  # iter() until StopIteration: worker start and shutdown included
+    first_batch: float  # iter() until the first batch is in hand
+    samples: int
+    uss: int  # peak summed USS, bytes
+    pss: int  # peak summed PSS, bytes
+    cpu: float  # CPU seconds of this process and its (exited) workers
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process and its children, in µs steps (os.times() counts 10 ms clock ticks)."""
+    me, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    # Children count once joined (waited for), which every loader does to its workers at the end of an epoch.
+    return me.ru_utime + me.ru_stime + children.ru_utime + children.ru_stime
+
+
+def run_epoch(loader: Iterable, memory: float | None = FULL.memory_interval) -> Epoch:
+    """Consume one epoch of ``loader``, timing it, and sampling its peak memory every ``memory`` s (None: not)."""
+    sampler = PeakMemory(memory) if memory else None
+    with sampler or contextlib.nullcontext():
+        cpu = _cpu_seconds()
+        start = time.perf_counter()
+        it = iter(loader)
+        batch = next(it)
+        first = time.perf_counter() - start
+        samples = len(batch[-1])
+        for batch in it:
+            samples += len(batch[-1])  # every workload's sample ends with its label
+        seconds = time.perf_counter() - start
+        cpu = _cpu_seconds() - cpu
+    uss, pss = (sampler.uss, sampler.pss) if sampler else (0, 0)
+    return Epoch(seconds, first, samples, uss, pss, cpu)
+
+
+def run_rounds(loaders: Mapping[str, Callable[[], Iterable]], repeats: int,
+               measure: Callable[[Iterable], T] = run_epoch) -> dict[str, list[T]]:
+    """One warm-up round, then ``repeats`` timed rounds; a round runs ``measure`` on a fresh loader of each kind.
+
+    The kinds take turns in rotating order, so compared loaders run side by side in time. Each list
+    starts with the warm-up.
+    """
+    names = list(loaders)
+    results: dict[str, list[T]] = {name: [] for name in names}
+    for r in range(repeats + 1):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            results[name].append(measure(loaders[name]()))
+    return results
+
+
+def timing(values: Sequence[float]) -> Timing:
+    """A Timing from a warm-up value followed by the timed ones, as ``harness.time_it`` makes it."""
+    first, timed = values[0], values[1:]
+    return Timing(statistics.median(timed), min(timed), max(timed), len(timed), first)
+
+
+# --- checking the batches ---------------------------------------------------------------------------
+
+def same_batch(a: Any, b: Any) -> bool:
+    """Whether two collated batches hold the same tensors (dtype, shape and every value) in the same structure."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
+                and torch.equal(a, b))
+    if isinstance(a, list | tuple):
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same_batch, a, b))
+    return type(a) is type(b) and a == b
+
+
+def first_batches(loader: Iterable, n: int = CHECK_BATCHES) -> list:
+    """The first ``n`` batches; leaving the loop early shuts the workers down."""
+    it = iter(loader)
+    batches = [next(it) for _ in range(n)]
+    del it
+    return batches
+
+
+def check_backends(name: str, dataset: Any, num_workers: int = 2, **kwargs: Any) -> None:
+    """Raise unless every backend's first batches equal torch's (``num_workers`` workers, ``kwargs`` as given)."""
+    reference = first_batches(make_loader("torch", dataset, num_workers, **kwargs))
+    for backend in BACKENDS[1:]:
+        batches = first_batches(make_loader(backend, dataset, num_workers, **kwargs))
+        if not all(map(same_batch, batches, reference)):
+            raise AssertionError(f"{name}: {backend} batches differ from torch's")
+
+
+# --- the suite ------------------------------------------------------------------------------------
+
+Key = tuple[str, str, int]  # (workload, backend, num_workers); minidl with 0 workers is backend "minidl"
+
+
+def backends_for(num_workers: int) -> tuple[str, ...]:
+    """With no workers, minidl's worker_method plays no part: one "minidl" row stands for both."""
+    return ("torch", "minidl") if num_workers == 0 else BACKENDS
+
+
+def run(session: Session) -> None:
+    """Check, then time every workload x backend x num_workers; print ratios; save CSVs and plots."""
+    import warnings
+
+    sizes = QUICK if session.quick else FULL
+    session.log(f"[loaders] preparing workloads (the image folder is generated once, into {workloads.cache_dir()})")
+    datasets = make_workloads(sizes)
+    results: dict[Key, list[Epoch]] = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores
+        for name, dataset in datasets.items():
+            check_backends(name, dataset)
+            session.log(f"[loaders] {name}: the first {CHECK_BATCHES} batches of every backend equal torch's")
+            for w in sizes.workers:
+                loaders = {b: partial(make_loader, b, dataset, w) for b in backends_for(w)}
+                epoch = partial(run_epoch, memory=sizes.memory_interval)
+                for backend, epochs in run_rounds(loaders, sizes.repeats, epoch).items():
+                    results[name, backend, w] = epochs
+                    _record(session, name, backend, w, epochs)
+                line = ", ".join(f"{b} {_throughput(results[name, b, w]):.0f}/s" for b in backends_for(w))
+                session.log(f"[loaders] {name}, {w} workers: {line}")
+    write_metrics(results, session.out / "loaders_metrics.csv")
+    session.log(ratio_tables(results, core_count()))
+    if missing("matplotlib"):
+        session.skip("plots", "matplotlib not installed")
+        return
+    _plots(session, results, datasets)
+
+
+def _throughput(epochs: Sequence[Epoch]) -> float:
+    return statistics.median(e.samples / e.seconds for e in epochs[1:])
+
+
+def _cpu_util(e: Epoch) -> float:
+    return e.cpu / e.seconds / core_count()
+
+
+def _record(session: Session, name: str, backend: str, w: int, epochs: list[Epoch]) -> None:
+    timed = epochs[1:]
+    rate = [e.samples / e.seconds for e in timed]
+    note = (f"samples/s {statistics.median(rate):.4g} (min {min(rate):.4g}, max {max(rate):.4g}); "
+            f"peak USS {statistics.median(e.uss for e in timed) / MIB:.0f} MiB, "
+            f"PSS {statistics.median(e.pss for e in timed) / MIB:.0f} MiB; "
+            f"CPU {statistics.median(map(_cpu_util, timed)):.0%} of {core_count()} cores")
+    size = epochs[0].samples
+    session.record(name, backend, timing([e.seconds for e in epochs]), size=size, workers=w,
+                   baseline=(backend == "torch" and w == 0), note=note)
+    session.record(f"{name} first batch", backend, timing([e.first_batch for e in epochs]), size=size, workers=w,
+                   note=f"batch size {BATCH_SIZE}: worker start plus one batch's work")
+
+
+METRIC_COLUMNS = ("samples_per_s", "first_batch_s", "peak_uss_mib", "peak_pss_mib", "cpu_util")
+
+
+def _metrics(e: Epoch) -> dict[str, float]:
+    return {"samples_per_s": e.samples / e.seconds, "first_batch_s": e.first_batch, "peak_uss_mib": e.uss / MIB,
+            "peak_pss_mib": e.pss / MIB, "cpu_util": _cpu_util(e)}
+
+
+def write_metrics(results: Mapping[Key, list[Epoch]], path: Path) -> Path:
+    """Every metric's median, min and max over the timed epochs, one row per workload x backend x workers."""
+    columns = ["workload", "samples", "method", "workers", "repeats"]
+    columns += [f"{m}_{s}" for m in METRIC_COLUMNS for s in ("median", "min", "max")]
+    columns += list(machine_info())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for (name, backend, w), epochs in results.items():
+            timed = [_metrics(e) for e in epochs[1:]]
+            row: dict[str, Any] = {"workload": name, "samples": epochs[0].samples, "method": backend, "workers": w,
+                                   "repeats": len(timed), **machine_info()}
+            for m in METRIC_COLUMNS:
+                values = [t[m] for t in timed]
+                row |= {f"{m}_median": f"{statistics.median(values):.6g}", f"{m}_min": f"{min(values):.6g}",
+                        f"{m}_max": f"{max(values):.6g}"}
+            writer.writerow(row)
+    return path
+
+
+# --- ratios, the headline -------------------------------------------------------------------------
+
+def _median(results: Mapping[Key, list[Epoch]], key: Key, metric: str) -> float:
+    return statistics.median(_metrics(e)[metric] for e in results[key][1:])
+
+
+def _as_minidl(backend: str, w: int) -> str:
+    return "minidl" if w == 0 and backend != "torch" else backend
+
+
+def ratio_tables(results: Mapping[Key, list[Epoch]], cores: int) -> str:
+    """The goals, as ratios of metrics measured side by side in this run, as printable tables.
+
+    minidl against torch is the median of per-round ratios (the two epochs ran one after the other),
+    with their range in brackets: on a shared machine that range is the noise to judge a 5% goal by.
+    """
+    names = list(dict.fromkeys(k[0] for k in results))
+    counts = sorted({k[2] for k in results})  # the num_workers measured, 0 first
+    some = counts[1:]
+
+    def med(name: str, backend: str, w: int, metric: str) -> float:
+        return _median(results, (name, _as_minidl(backend, w), w), metric)
+
+    def ratio(name: str, top: str, bottom: str, w: int, metric: str) -> float:
+        return med(name, top, w, metric) / med(name, bottom, w, metric)
+
+    def paired(name: str, top: str, w: int, per_sample: Callable[[Epoch], float]) -> str:
+        pairs = zip(results[name, _as_minidl(top, w), w][1:], results[name, "torch", w][1:])
+        ratios = [per_sample(a) / per_sample(b) for a, b in pairs]
+        return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
+
+    def rate(e: Epoch) -> float:
+        return e.samples / e.seconds
+
+    def cpu_cost(e: Epoch) -> float:
+        return e.cpu / e.samples
+
+    out = [
+        text_table("throughput, minidl processes / torch, per round [range] (goal >= 0.95)",
+                   ["workload", *map(_w, counts)], [[n, *(paired(n, "minidl process", w, rate) for w in counts)]
+                                                    for n in names]),
+        text_table("CPU time per sample, minidl processes / torch, per round [range] (other load barely moves it)",
+                   ["workload", *map(_w, counts)], [[n, *(paired(n, "minidl process", w, cpu_cost) for w in counts)]
+                                                    for n in names]),
+        text_table("throughput, minidl threads / torch, per round [range] (no goal: the GIL decides)",
+                   ["workload", *map(_w, some)], [[n, *(paired(n, "minidl thread", w, rate) for w in some)]
+                                                  for n in names]),
+        text_table("time to first batch, process workers / thread workers (goal: threads >= 5x sooner)",
+                   ["workload", *map(_w, some)],
+                   [[n, *(f"{ratio(n, 'minidl process', 'minidl thread', w, 'first_batch_s'):.1f}x" for w in some)]
+                    for n in names]),
+    ]
+    for what, metric in (("PSS", "peak_pss_mib"), ("USS", "peak_uss_mib")):
+        rows = [[n, *(f"{med(n, 'minidl thread', w, metric):.0f}/{med(n, 'minidl process', w, metric):.0f}"
+                      f" = {ratio(n, 'minidl thread', 'minidl process', w, metric):.2f}" for w in some)]
+                for n in names]
+        out.append(text_table(f"peak {what} of main + workers, threads / processes, MiB (goal < 1 on in-memory data)",
+                              ["workload", *map(_w, some)], rows))
+    rows = [[n, b, *(f"{med(n, b, w, 'samples_per_s') / med(n, b, 0, 'samples_per_s') / min(w, cores):.2f}"
+                     for w in some)] for n in names for b in BACKENDS]
+    out.append(text_table(f"efficiency: speedup over 0 workers / min(workers, {cores} cores) (1.00 = the limit)",
+                          ["workload", "backend", *map(_w, some)], rows))
+    return "\n\n".join(out)
+
+
+def _w(w: int) -> str:
+    return f"{w} workers" if w != 1 else "1 worker"
+
+
+def text_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A titled, aligned text table, for the ratios a suite prints."""
+    lines = [list(header), *map(list, rows)]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    body = ["  ".join(cell.ljust(w) for cell, w in zip(line, widths)).rstrip() for line in lines]
+    return "\n".join([f"-- {title}", *body])
+
+
+# --- plots ----------------------------------------------------------------------------------------
+
+def _plots(session: Session, results: Mapping[Key, list[Epoch]], datasets: Mapping[str, Any]) -> None:
+    from minidl.bench import plot
+
+    cores = core_count()
+    counts = sorted({k[2] for k in results})
+    for name in datasets:
+        series = {b: [_median(results, (name, _as_minidl(b, w), w), "samples_per_s") for w in counts]
+                  for b in BACKENDS}
+        base = series["torch"][0]
+        hlines = {"torch, no workers": base}
+        if name != "io":  # waiting needs no core: only the CPU-bound workloads hit the core limit
+            hlines[f"{cores} cores x torch, no workers: the limit"] = base * cores
+        fig = plot.line_plot(counts, series, hlines=hlines, xlabel="num_workers",
+                             ylabel="samples/s (median of epochs)",
+                             title=f"{name} workload: {len(datasets[name])} samples per epoch, batch size {BATCH_SIZE}")
+        fig.axes[0].set_xticks(counts)
+        session.savefig(fig, f"loaders_throughput_{name}.png")
+
+    w = max([c for c in counts if 0 < c <= cores] or counts[1:2])  # as many workers as cores, where measured
+    firsts = {f"{name} · {b}": timing([e.first_batch for e in results[name, b, w]]) for name in datasets
+              for b in BACKENDS}
+    session.savefig(plot.bar_times(firsts, what="time to first batch",
+                                   title=f"Time to the first batch with {w} workers (worker start + one batch)"),
+                    "loaders_first_batch.png")
+
+    # PSS, not USS: a forked worker shares the main process's pages, which USS then counts nowhere.
+    series = {f"{name} · {b}": [_median(results, (name, _as_minidl(b, w), w), "peak_pss_mib") for w in counts]
+              for name in ("numpy", "images") for b in BACKENDS}
+    fig = plot.line_plot(counts, series, xlabel="num_workers", ylabel="peak PSS, main + workers (MiB)",
+                         title="Peak memory of the loading processes (PSS summed; USS in loaders_metrics.csv)")
+    fig.axes[0].set_xticks(counts)
+    session.savefig(fig, "loaders_memory.png")

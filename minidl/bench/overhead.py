@@ -1,0 +1,186 @@
+"""The ``overhead`` suite: what the loader itself costs per batch, at start, and with tracing on.
+
+Tasks (the CSV's ``task``, with what its ``size`` counts):
+
+* ``per-batch, <w> workers`` (batch size): a dataset that returns its index, so the time is the loader's
+  own: sampler, fetch, collate, and with workers the queues, pickling and reordering. The figure is the
+  steady state, from the first batch to the last, divided by the batches between (startup and shutdown
+  left out). Batch size 1 and 64, ``num_workers`` 0 and 2; torch, minidl processes, minidl threads;
+  speedup against torch at the same settings (below 1: minidl costs more).
+* ``first batch, <w> workers`` (batch size): ``iter()`` until the first batch of that trivial dataset:
+  worker start alone, with almost no work to wait for.
+* ``trace numpy, <backend>, <w> workers`` (samples): a minidl epoch of the ``numpy`` workload with
+  ``trace=True`` against the same without; speedup against tracing off (below 1: tracing slows it down).
+
+As in the ``loaders`` suite, compared loaders run in rotating rounds after a warm-up round, and every
+backend's first batches (traced ones too) are checked against torch's before anything is timed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+
+from minidl.bench import workloads
+from minidl.bench.harness import Session, Timing, format_seconds, missing
+from minidl.bench.loaders import (
+    BACKENDS,
+    Epoch,
+    backends_for,
+    check_backends,
+    first_batches,
+    make_loader,
+    run_epoch,
+    run_rounds,
+    same_batch,
+    text_table,
+    timing,
+)
+
+REQUIRES = ("torch", "psutil")
+BATCH_SIZES = (1, 64)
+WORKERS = (0, 2)
+TRACE_BACKENDS = ((0, "minidl"), (2, "minidl process"), (2, "minidl thread"))
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """Batches per epoch for each batch size, and the traced epoch's length; FULL takes about a minute."""
+
+    batches: Mapping[int, int]
+    trace_samples: int
+    trace_images: int
+    repeats: int
+
+
+FULL = Sizes(batches={1: 4000, 64: 1500}, trace_samples=8192, trace_images=4096, repeats=5)
+QUICK = Sizes(batches={1: 200, 64: 50}, trace_samples=512, trace_images=256, repeats=3)
+
+
+@dataclass(frozen=True)
+class BatchTimes:
+    """One epoch of a trivial dataset: when its first batch came, and the steady cost of the rest."""
+
+    first_batch: float  # iter() until the first batch: worker start
+    per_batch: float  # (last batch's arrival - first batch's) / batches between them
+
+
+def batch_times(loader: Iterable) -> BatchTimes:
+    """Consume one epoch, stamping when the first and the last batch arrive."""
+    start = time.perf_counter()
+    it = iter(loader)
+    next(it)
+    first = last = time.perf_counter()
+    n = 0
+    for _ in it:  # a clock read per batch is ~0.1 µs: noise next to the loader's own cost
+        last = time.perf_counter()
+        n += 1
+    return BatchTimes(first - start, (last - first) / max(n, 1))
+
+
+def run(session: Session) -> None:
+    """Time the per-batch cost, the start and the tracing overhead; print the ratios; save the plots."""
+    from minidl.toy import RangeDataset
+
+    sizes = QUICK if session.quick else FULL
+    per_batch: dict[tuple[int, int, str], list[BatchTimes]] = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        for bs in BATCH_SIZES:
+            dataset = RangeDataset(bs * sizes.batches[bs])
+            check_backends(f"trivial, batch size {bs}", dataset, batch_size=bs)
+            for w in WORKERS:
+                loaders = {b: partial(make_loader, b, dataset, w, batch_size=bs) for b in backends_for(w)}
+                for backend, epochs in run_rounds(loaders, sizes.repeats, batch_times).items():
+                    per_batch[bs, w, backend] = epochs
+                    note = f"{sizes.batches[bs]} batches; steady state, first batch to last"
+                    session.record(f"per-batch, {w} workers", backend, timing([e.per_batch for e in epochs]),
+                                   size=bs, workers=w, baseline=backend == "torch", note=note)
+                    session.record(f"first batch, {w} workers", backend, timing([e.first_batch for e in epochs]),
+                                   size=bs, workers=w, baseline=backend == "torch", note="iter() to the first batch")
+                cells = ", ".join(f"{b} {format_seconds(_med(per_batch[bs, w, b]))}" for b in backends_for(w))
+                session.log(f"[overhead] batch size {bs}, {w} workers, per batch: {cells}")
+
+        numpy = workloads.NumpyWorkload(sizes.trace_samples, pool=sizes.trace_images)
+        reference = first_batches(make_loader("torch", numpy, 0))
+        traced: dict[tuple[int, str, bool], list[Epoch]] = {}
+        for w, backend in TRACE_BACKENDS:
+            if not all(map(same_batch, first_batches(make_loader(backend, numpy, w, trace=True)), reference)):
+                raise AssertionError(f"[overhead] numpy: traced {backend} batches differ from torch's")
+            loaders = {on: partial(make_loader, backend, numpy, w, trace=on) for on in (False, True)}
+            for on, epochs in run_rounds(loaders, sizes.repeats, partial(run_epoch, memory=None)).items():
+                traced[w, backend, on] = epochs
+                session.record(f"trace numpy, {backend}, {w} workers", "trace=True" if on else "trace off",
+                               timing([e.seconds for e in epochs]), size=sizes.trace_samples, workers=w,
+                               baseline=not on, note="one epoch, worker start and shutdown included")
+            session.log(f"[overhead] trace numpy, {backend}, {w} workers: throughput with / without "
+                        f"{_trace_ratio(traced, w, backend):.3f}")
+    session.log(ratio_tables(per_batch, traced))
+    if missing("matplotlib"):
+        session.skip("plots", "matplotlib not installed")
+        return
+    _plots(session, per_batch, traced, sizes)
+
+
+def _med(epochs: Sequence[BatchTimes], attr: str = "per_batch") -> float:
+    return statistics.median(getattr(e, attr) for e in epochs[1:])
+
+
+def _trace_ratio(traced: Mapping[tuple[int, str, bool], list[Epoch]], w: int, backend: str,
+                 cost: str = "seconds") -> float:
+    """Throughput with tracing / without: the untraced epoch's median ``cost`` over the traced one's.
+
+    ``cost="cpu"`` compares CPU seconds (main process and workers) instead: the work tracing adds,
+    which other programs on a shared machine barely disturb.
+    """
+    def med(on: bool) -> float:
+        return statistics.median(getattr(e, cost) for e in traced[w, backend, on][1:])
+
+    return med(False) / med(True)
+
+
+def ratio_tables(per_batch: Mapping[tuple[int, int, str], list[BatchTimes]],
+                 traced: Mapping[tuple[int, str, bool], list[Epoch]]) -> str:
+    """The goals as ratios of medians measured side by side: per-batch cost, start, tracing."""
+    rows = []
+    for bs in BATCH_SIZES:
+        for w in WORKERS:
+            torch_cost = _med(per_batch[bs, w, "torch"])
+            for backend in backends_for(w)[1:]:
+                cost = _med(per_batch[bs, w, backend])
+                rows.append([str(bs), str(w), backend, f"{cost * 1e6:.1f}", f"{torch_cost * 1e6:.1f}",
+                             f"{cost / torch_cost:.2f}"])
+    out = [text_table("loader's own cost per batch, µs (goal: minidl / torch <= 1.1)",
+                      ["batch size", "workers", "backend", "minidl µs", "torch µs", "minidl / torch"], rows)]
+    rows = []
+    for bs in BATCH_SIZES:
+        for w in WORKERS[1:]:
+            first = {b: _med(per_batch[bs, w, b], "first_batch") for b in BACKENDS}
+            rows.append([str(bs), str(w), *(format_seconds(first[b]) for b in BACKENDS),
+                         f"{first['minidl process'] / first['minidl thread']:.1f}x"])
+    out.append(text_table("worker start: time to the first batch of a trivial dataset (goal: threads >= 5x sooner)",
+                          ["batch size", "workers", *BACKENDS, "processes / threads"], rows))
+    rows = [[str(w), b, f"{_trace_ratio(traced, w, b):.3f}", f"{_trace_ratio(traced, w, b, 'cpu'):.3f}"]
+            for w, b in TRACE_BACKENDS]
+    out.append(text_table("tracing: with trace=True / without, numpy workload (goal: throughput >= 0.95)",
+                          ["workers", "backend", "throughput", "1 / CPU time"], rows))
+    return "\n\n".join(out)
+
+
+def _plots(session: Session, per_batch: Mapping[tuple[int, int, str], list[BatchTimes]],
+           traced: Mapping[tuple[int, str, bool], list[Epoch]], sizes: Sizes) -> None:
+    from minidl.bench import plot
+
+    costs: dict[str, Timing] = {f"batch {bs}, {w} workers · {b}": timing([e.per_batch for e in per_batch[bs, w, b]])
+                                for bs in BATCH_SIZES for w in WORKERS for b in backends_for(w)}
+    session.savefig(plot.bar_times(costs, what="time per batch, steady state",
+                                   title="The loader's own cost per batch (a dataset that returns its index)"),
+                    "overhead_per_batch.png")
+    epochs = {f"{b}, {w} workers{', trace=True' if on else ''}": timing([e.seconds for e in traced[w, b, on]])
+              for w, b in TRACE_BACKENDS for on in (False, True)}
+    title = f"Tracing's cost: one epoch of the numpy workload ({sizes.trace_samples} samples)"
+    session.savefig(plot.bar_times(epochs, what="time per epoch", log=False, title=title), "overhead_trace.png")

@@ -1,0 +1,176 @@
+"""Tests for the ``loaders`` and ``overhead`` suites of minidl.bench and the workloads they load.
+
+Both suites run once, in quick mode, into a temporary folder, through the same command-line path as
+``python -m minidl.bench``. No test here asserts a speed: only that every number is there and positive.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from minidl.bench.harness import COLUMNS, missing
+from minidl.bench.machine import MACHINE_FIELDS, machine_tag
+
+pytestmark = pytest.mark.skipif(bool(missing("torch", "psutil", "PIL")), reason="needs torch, psutil and Pillow")
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = ("python", "numpy", "images", "io")
+
+
+def read_csv(path: Path, columns: tuple[str, ...] | None = COLUMNS) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        if columns is not None:
+            assert tuple(reader.fieldnames) == columns
+        rows = list(reader)
+    assert rows
+    return rows
+
+
+def check_rows(rows: list[dict[str, str]]) -> None:
+    """The harness's schema: machine fields on every row, and 0 < min <= median <= max over >= 3 repeats."""
+    for row in rows:
+        for field in MACHINE_FIELDS:
+            assert row[field], f"{field} empty in {row}"
+        assert row["machine_tag"] == machine_tag()
+        median, low, high = float(row["median_s"]), float(row["min_s"]), float(row["max_s"])
+        assert 0 < low <= median <= high, row
+        assert int(row["repeats"]) >= 3, row
+        assert float(row["first_s"]) > 0, row
+
+
+def by_key(rows: list[dict[str, str]]) -> dict[tuple[str, str, int, int], dict[str, str]]:
+    return {(r["task"], r["method"], int(r["workers"]), int(r["size"])): r for r in rows}
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory) -> tuple[Path, str]:
+    """Both suites in quick mode, in a fresh interpreter, with a fresh image cache; (out folder, output)."""
+    out = tmp_path_factory.mktemp("bench")
+    cache = tmp_path_factory.mktemp("cache")
+    # setdefault: the suites run the same way whether or not SUITES has registered them yet.
+    code = ("import minidl.bench as bench\n"
+            "bench.SUITES.setdefault('loaders', 'minidl.bench.loaders')\n"
+            "bench.SUITES.setdefault('overhead', 'minidl.bench.overhead')\n"
+            "from minidl.bench.harness import main\n"
+            f"raise SystemExit(main(['loaders', 'overhead', '--quick', '--out', {str(out)!r}]))\n")
+    env = {k: v for k, v in os.environ.items() if k != "MINIDL_QUICK"} | {"XDG_CACHE_HOME": str(cache)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=280)
+    assert result.returncode == 0, result.stderr
+    assert (cache / "minidl" / "images-v1-quick").is_dir()
+    return out, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_loaders_suite_measures_every_backend_workload_and_worker_count(quick_run):
+    from minidl.bench.loaders import QUICK, backends_for
+
+    out, output = quick_run
+    assert "mode: quick" in output
+    for name in WORKLOADS:
+        assert f"[loaders] {name}: the first 2 batches of every backend equal torch's" in output
+    assert "throughput, minidl processes / torch, per round [range] (goal >= 0.95)" in output
+    rows = read_csv(out / "loaders.csv")
+    check_rows(rows)
+    keys = {(r["task"], r["method"], int(r["workers"])) for r in rows}
+    expected = {(task, backend, w) for name in WORKLOADS for task in (name, f"{name} first batch")
+                for w in QUICK.workers for backend in backends_for(w)}
+    assert expected == keys
+    assert {r["speedup"] for r in rows if r["method"] == "torch" and r["workers"] == "0" and r["task"] in WORKLOADS
+            } == {"1"}
+
+    metrics = read_csv(out / "loaders_metrics.csv", columns=None)
+    assert {(r["workload"], r["method"], int(r["workers"])) for r in metrics} == {
+        (name, backend, w) for name in WORKLOADS for w in QUICK.workers for backend in backends_for(w)}
+    for row in metrics:
+        for metric in ("samples_per_s", "first_batch_s", "peak_uss_mib", "peak_pss_mib", "cpu_util"):
+            low, median, high = (float(row[f"{metric}_{s}"]) for s in ("min", "median", "max"))
+            assert 0 < low <= median <= high, (metric, row)
+        assert int(row["samples"]) == {"python": QUICK.python, "numpy": QUICK.numpy, "images": QUICK.images,
+                                       "io": QUICK.io}[row["workload"]]
+    if not missing("matplotlib"):
+        names = [f"loaders_throughput_{n}.png" for n in WORKLOADS] + ["loaders_first_batch.png", "loaders_memory.png"]
+        for name in names:
+            assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick_run):
+    from minidl.bench.overhead import BATCH_SIZES, QUICK, TRACE_BACKENDS, WORKERS, backends_for
+
+    out, output = quick_run
+    assert "loader's own cost per batch" in output and "tracing: with trace=True / without" in output
+    rows = read_csv(out / "overhead.csv")
+    check_rows(rows)
+    keys = set(by_key(rows))
+    expected = {(f"{what}, {w} workers", backend, w, bs) for what in ("per-batch", "first batch")
+                for bs in BATCH_SIZES for w in WORKERS for backend in backends_for(w)}
+    expected |= {(f"trace numpy, {backend}, {w} workers", method, w, QUICK.trace_samples)
+                 for w, backend in TRACE_BACKENDS for method in ("trace off", "trace=True")}
+    assert expected == keys
+    baselines = {(r["task"], r["method"]) for r in rows if r["speedup"] == "1"}
+    assert {t for t, _ in baselines} == {task for task, *_ in expected}  # every group has its baseline
+    if not missing("matplotlib"):
+        for name in ("overhead_per_batch.png", "overhead_trace.png"):
+            assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+# --- the workloads, without running a suite -------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_workloads(tmp_path_factory):
+    from minidl.bench import workloads
+
+    cache = tmp_path_factory.mktemp("images")
+    root = workloads.image_folder(2, name="tiny", cache=cache)
+    assert root == cache / "tiny" and workloads.image_folder(2, name="tiny", cache=cache) == root  # made once
+    assert len(list(root.glob("class_*/*.jpg"))) == 20
+    return {"python": workloads.PythonWorkload(6, side=4), "numpy": workloads.NumpyWorkload(6, pool=4),
+            "images": workloads.ImageFolderWorkload(root, limit=6), "io": workloads.IoWorkload(6, latency=0.0)}
+
+
+def test_workloads_are_deterministic_and_collate_the_same_in_minidl_and_torch(small_workloads):
+    import torch.utils.data
+
+    import minidl
+
+    for name, dataset in small_workloads.items():
+        assert len(dataset) == 6
+        first, again = dataset[3], dataset[3]
+        assert np.array_equal(first[0], again[0]) and first[1] == again[1], name
+        ours = minidl.default_collate([dataset[i] for i in range(4)])
+        theirs = torch.utils.data.default_collate([dataset[i] for i in range(4)])
+        assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(ours, theirs)), name
+    assert small_workloads["images"].classes[:2] == ["class_00", "class_01"]
+    assert [label for _, label in small_workloads["images"].samples] == [0, 1, 2, 3, 4, 5]  # round-robin
+
+
+def test_workloads_load_by_reference_in_a_fresh_interpreter(small_workloads):
+    # spawn and forkserver workers unpickle the dataset in a new interpreter, importing its class by name.
+    code = ("import pickle, sys\n"
+            "datasets = pickle.loads(sys.stdin.buffer.read())\n"
+            "sys.stdout.buffer.write(pickle.dumps({k: d[2] for k, d in datasets.items()}))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, input=pickle.dumps(small_workloads),
+                            capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
+    for name, (sample, label) in pickle.loads(result.stdout).items():
+        assert np.array_equal(sample, small_workloads[name][2][0]) and label == small_workloads[name][2][1]
+
+
+def test_peak_memory_sees_this_process():
+    from minidl.bench.loaders import PeakMemory
+
+    with PeakMemory(interval=0.01) as memory:
+        block = np.ones(32 * 2**20 // 8)  # 32 MiB, touched: private to this process
+    assert memory.uss >= block.nbytes and memory.pss >= memory.uss
