@@ -91,13 +91,22 @@ class WorkerSnapshots:
 
 
 def generators_of(loader) -> list:
-    """The explicit generators the loader and its samplers use; ``None`` stands for the global RNG."""
+    """The generators the loader and its samplers draw from; ``None`` stands for the global RNG.
+
+    The global one is included only when something draws from it (no generator given), so a
+    loader driven by a NumPy generator never imports torch to read torch's global state.
+    """
     found: dict[int, Any] = {}
+    uses_global = False
     for owner in (loader, loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
-        g = getattr(owner, "generator", None)
-        if g is not None:
+        if not hasattr(owner, "generator"):
+            continue
+        g = owner.generator
+        if g is None:
+            uses_global = True
+        else:
             found.setdefault(id(g), g)
-    return [None, *found.values()]
+    return [None, *found.values()] if uses_global else list(found.values())
 
 
 def _global_rng_state():
@@ -147,10 +156,11 @@ def replaying(generators: list, states: list):
     as in the run being resumed. The global generator is shared with the training loop: it is set
     back afterwards, so resuming the loader doesn't disturb an RNG state the caller restored.
     """
-    global_now = _global_rng_state()
+    global_now = _global_rng_state() if None in generators else None
     for g, state in zip(generators, states):
         _set(g, state)
     try:
         yield
     finally:
-        _set_global_rng_state(global_now)
+        if None in generators:
+            _set_global_rng_state(global_now)

@@ -167,3 +167,18 @@ def test_state_dict_needs_stateful_workers_and_in_order():
 def test_bad_version_is_refused():
     with pytest.raises(ValueError, match="version"):
         minidl.DataLoader(toy.RangeDataset(4)).load_state_dict({"version": 99})
+
+
+def test_a_numpy_driven_loader_does_not_import_torch():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np, minidl\n"
+            "loader = minidl.DataLoader(list(range(8)), batch_size=2, shuffle=True, generator=np.random.default_rng(0),"
+            " collate_fn=minidl.numpy_collate)\n"
+            "batches = list(loader)\n"
+            "print(len(batches), 'torch' in sys.modules)")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.split() == ["4", "False"], out.stderr
