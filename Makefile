@@ -10,7 +10,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to start as root unless told; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test lint unit nbval bench clean ft test-ft
+.PHONY: setup lab test lint unit nbval bench clean ft test-ft bench-ft
 
 setup: $(STAMP)
 
@@ -51,7 +51,7 @@ FT_STAMP := $(FT_VENV)/.installed-$(FT_HASH)$(if $(realpath $(FT_VENV)/bin/pytho
 # without it). test_dataloader/test_worker skip whole (importorskip); the rest skip their torch-oracle tests.
 FT_TESTS := tests/test_freethreaded.py tests/test_without_torch.py tests/test_environment.py \
 	tests/test_sampler.py tests/test_dataset.py tests/test_distributed.py \
-	tests/test_dataloader.py tests/test_worker.py tests/test_shutdown.py
+	tests/test_dataloader.py tests/test_worker.py tests/test_shutdown.py tests/test_bench_threads.py
 
 ft: $(FT_STAMP)
 
@@ -62,6 +62,13 @@ $(FT_STAMP): pyproject.toml scripts/ft.sh
 
 test-ft: ft
 	$(FT_VENV)/bin/python -m pytest $(FT_TESTS)
+
+# Thread workers vs process workers under both builds (~8 min on 2 cores; BENCH_FT_ARGS=--quick: ~1 min),
+# each into results/<machine-tag>/, then both side by side in results/threads/ (plots need .venv's matplotlib).
+bench-ft: setup ft
+	$(FT_VENV)/bin/python -m minidl.bench threads $(BENCH_FT_ARGS)
+	$(BIN)/python -m minidl.bench threads $(BENCH_FT_ARGS)
+	$(BIN)/python -m minidl.bench.threads_report
 
 clean:
 	rm -rf $(VENV) $(FT_VENV) .pytest_cache .ruff_cache .hypothesis

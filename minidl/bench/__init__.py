@@ -32,6 +32,7 @@ SUITES: dict[str, str] = {
     "loaders": "minidl.bench.loaders",
     "overhead": "minidl.bench.overhead",
     "gpu": "minidl.bench.gpu",
+    "threads": "minidl.bench.threads",
 }
 
 

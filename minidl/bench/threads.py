@@ -1,0 +1,150 @@
+"""The ``threads`` suite: thread workers against process workers, run once per interpreter, torch-free.
+
+Serial loading (``num_workers=0``), ``worker_method="thread"`` and process workers load the four workloads
+of ``minidl.bench.workloads`` with 1, 2 and 4 workers, batched by ``minidl.numpy_collate`` and shuffled by
+a NumPy generator, so a GIL CPython and a free-threaded one (``.venv-ft``, no torch) run the very same
+code. ``make bench-ft`` runs it under both, then ``python -m minidl.bench.threads_report`` puts the two
+builds side by side. One epoch (worker start and shutdown included) gives samples/s, time to the first
+batch, peak PSS/USS of the main process plus its workers, and CPU use, measured as the ``loaders`` suite
+does (``run_rounds``: one warm-up round, then rounds in rotating order). CSV rows: task ``<workload>``
+is the epoch (``size`` samples; speedup over serial), ``<workload> first batch`` the time to the first
+batch; every metric's median, min and max also go to ``threads_metrics.csv``. Each row's
+``python_build`` names the interpreter: ``gil``, ``free-threaded`` or ``free-threaded, GIL re-enabled``.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import warnings
+from collections.abc import Iterable, Mapping
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+import minidl
+from minidl.bench import workloads
+from minidl.bench.harness import Session, missing
+from minidl.bench.loaders import (
+    MIB,
+    Epoch,
+    Sizes,
+    first_batches,
+    make_workloads,
+    run_epoch,
+    run_rounds,
+    text_table,
+    timing,
+    write_metrics,
+)
+from minidl.bench.machine import core_count, machine_info
+
+REQUIRES = ("numpy", "psutil", "PIL", "tqdm")  # what .venv (GIL) and .venv-ft (free-threaded) both have
+BACKENDS = ("thread", "process")  # worker_method "thread" and "multiprocessing"; "serial" has no workers
+BATCH_SIZE = 32
+SEED = 0
+
+# FULL takes about 2.5 minutes per interpreter on 2 cores; QUICK about 15 seconds.
+FULL = Sizes(python=384, python_side=32, numpy=4096, numpy_images=2048, images=320, image_files_per_class=32,
+             image_set=f"images-v{workloads.IMAGE_SET_VERSION}-threads", io=192, io_latency=0.004, repeats=7)
+QUICK = Sizes(python=64, python_side=12, numpy=256, numpy_images=256, images=64, image_files_per_class=7,
+              image_set=f"images-v{workloads.IMAGE_SET_VERSION}-quick", io=64, io_latency=0.001, repeats=3,
+              workers=(0, 1, 2, 4), memory_interval=0.02)
+
+Key = tuple[str, str, int]  # (workload, backend, num_workers); num_workers 0 is backend "serial"
+
+
+def make_loader(backend: str, dataset: Any, num_workers: int, *, batch_size: int = BATCH_SIZE,
+                seed: int = SEED) -> Iterable:
+    """A shuffling minidl DataLoader with NumPy batches: "serial" (no workers), "thread" or "process" workers."""
+    method = "thread" if backend == "thread" else "multiprocessing"
+    # A NumPy generator: the same shuffle and worker seeds with or without torch installed.
+    return minidl.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
+                             generator=np.random.default_rng(seed), collate_fn=minidl.numpy_collate,
+                             worker_method=method)
+
+
+def backends_for(num_workers: int) -> tuple[str, ...]:
+    """With no workers there is nothing to run them as: one "serial" row."""
+    return ("serial",) if num_workers == 0 else BACKENDS
+
+
+def same_batch(a: Any, b: Any) -> bool:
+    """Whether two NumPy-collated batches hold the same arrays (dtype, shape, values) in the same structure."""
+    if isinstance(a, list | tuple):
+        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same_batch, a, b))
+    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
+
+
+def check_backends(name: str, dataset: Any, num_workers: int = 2) -> None:
+    """Raise unless thread and process workers give the serial loader's first batches."""
+    reference = first_batches(make_loader("serial", dataset, 0))
+    for backend in BACKENDS:
+        if not all(map(same_batch, first_batches(make_loader(backend, dataset, num_workers)), reference)):
+            raise AssertionError(f"{name}: {backend} workers' batches differ from the serial loader's")
+
+
+def run(session: Session) -> None:
+    """Check, then time every workload x backend x num_workers; print the ratios; save CSVs (and plots)."""
+    sizes = QUICK if session.quick else FULL
+    info = machine_info()
+    session.log(f"[threads] Python {info['python']}, build: {info['python_build']}; "
+                f"load average before: {os.getloadavg()[0]:.2f} on {core_count()} cores")
+    datasets = make_workloads(sizes)
+    results: dict[Key, list[Epoch]] = {}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores
+        # Python 3.12+ warns when forking a process that runs threads (here: the memory sampler).
+        warnings.filterwarnings("ignore", message=r"This process \(pid=\d+\) is multi-threaded",
+                                category=DeprecationWarning)
+        for name, dataset in datasets.items():
+            check_backends(name, dataset)
+            session.log(f"[threads] {name}: thread and process workers give the serial loader's batches")
+            # Every backend and worker count of a workload in one rotation: a neighbour's load hits them alike.
+            loaders = {(b, w): partial(make_loader, b, dataset, w) for w in sizes.workers for b in backends_for(w)}
+            epoch = partial(run_epoch, memory=sizes.memory_interval)
+            for (backend, w), epochs in run_rounds(loaders, sizes.repeats, epoch).items():
+                results[name, backend, w] = epochs
+                _record(session, name, backend, w, epochs)
+            session.log(f"[threads] {name}: timed {sizes.repeats} rounds of {len(loaders)} loaders")
+    session.log(f"[threads] load average after: {os.getloadavg()[0]:.2f}")
+    metrics = write_metrics(results, session.out / "threads_metrics.csv")
+    session.log(ratio_table(results))
+    if missing("matplotlib"):  # .venv-ft has none: threads_report draws both builds from the GIL venv
+        session.skip("plots", "matplotlib not installed (python -m minidl.bench.threads_report draws both builds)")
+        return
+    from minidl.bench import threads_report
+
+    for filename, fig in threads_report.figures(threads_report.read_rows(metrics)).items():
+        session.savefig(fig, filename)
+
+
+def _record(session: Session, name: str, backend: str, w: int, epochs: list[Epoch]) -> None:
+    timed = epochs[1:]
+    rate = [e.samples / e.seconds for e in timed]
+    note = (f"samples/s {statistics.median(rate):.4g} (min {min(rate):.4g}, max {max(rate):.4g}); "
+            f"peak PSS {statistics.median(e.pss for e in timed) / MIB:.0f} MiB, "
+            f"USS {statistics.median(e.uss for e in timed) / MIB:.0f} MiB; "
+            f"CPU {statistics.median(e.cpu / e.seconds for e in timed) / core_count():.0%} of {core_count()} cores; "
+            f"load {os.getloadavg()[0]:.2f}")
+    size = epochs[0].samples
+    session.record(name, backend, timing([e.seconds for e in epochs]), size=size, workers=w,
+                   baseline=(backend == "serial"), note=note)
+    session.record(f"{name} first batch", backend, timing([e.first_batch for e in epochs]), size=size, workers=w,
+                   note=f"batch size {BATCH_SIZE}: worker start plus one batch's work")
+
+
+def ratio_table(results: Mapping[Key, list[Epoch]]) -> str:
+    """Speedup over serial (median samples/s over median serial samples/s) per workload, backend and workers."""
+    names = list(dict.fromkeys(k[0] for k in results))
+    counts = sorted({k[2] for k in results if k[2] > 0})
+
+    def rate(key: Key) -> float:
+        return statistics.median(e.samples / e.seconds for e in results[key][1:])
+
+    rows = [[n, b, *(f"x{rate((n, b, w)) / rate((n, 'serial', 0)):.2f}" for w in counts)]
+            for n in names for b in BACKENDS]
+    build = machine_info()["python_build"]
+    return text_table(f"speedup over serial, {build} build, {core_count()} cores",
+                      ["workload", "workers", *(f"{w}" for w in counts)], rows)
