@@ -18,9 +18,10 @@ set -euo pipefail
 
 VENV=${1:-.venv-ft}
 CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/minidl
-FT_PREFIX=${FT_PREFIX:-$CACHE_ROOT/cpython-3.13t}
+FT_VERSION=${FT_VERSION:-3.13}
+FT_PREFIX=${FT_PREFIX:-$CACHE_ROOT/cpython-${FT_VERSION}t}
 FT_JOBS=${FT_JOBS:-$(nproc 2>/dev/null || echo 2)}
-DEBIAN_SUITE=${FT_DEBIAN_SUITE:-trixie}
+DEBIAN_SUITE=${FT_DEBIAN_SUITE:-$([[ $FT_VERSION == 3.13 ]] && echo trixie || echo forky)}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 step() { echo "==> $*"; }
@@ -58,18 +59,18 @@ find_python() {
         if [[ -n "$candidate" ]] && is_free_threaded "$candidate" >/dev/null; then PY=$candidate; return 0; fi
     done
     step "looking for an earlier build in $FT_PREFIX"
-    if [[ -f "$FT_PREFIX/.minidl-build-complete" ]] && is_free_threaded "$FT_PREFIX/bin/python3.13t" >/dev/null; then
-        PY=$FT_PREFIX/bin/python3.13t; return 0
+    if [[ -f "$FT_PREFIX/.minidl-build-complete" ]] && is_free_threaded "$FT_PREFIX/bin/python${FT_VERSION}t" >/dev/null; then
+        PY=$FT_PREFIX/bin/python${FT_VERSION}t; return 0
     fi
     step "looking for uv"
     if command -v uv >/dev/null; then
-        candidate=$(uv python find 3.13t 2>/dev/null || true)
+        candidate=$(uv python find ${FT_VERSION}t 2>/dev/null || true)
         if [[ -z "$candidate" ]]; then
-            run uv python install 3.13t || true
-            candidate=$(uv python find 3.13t 2>/dev/null || true)
+            run uv python install ${FT_VERSION}t || true
+            candidate=$(uv python find ${FT_VERSION}t 2>/dev/null || true)
         fi
         if [[ -n "$candidate" ]] && is_free_threaded "$candidate" >/dev/null; then PY=$candidate; return 0; fi
-        echo "    uv found no free-threaded 3.13"
+        echo "    uv found no free-threaded $FT_VERSION"
     else
         echo "    uv is not installed"
     fi
@@ -110,7 +111,7 @@ check_build_deps() {
 
 build_python() {
     command -v apt-get >/dev/null || die "no free-threaded python found and no apt-get to fetch the source:
-    install python3.13t (or uv), or set FT_PYTHON=/path/to/python3.13t"
+    install python${FT_VERSION}t (or uv), or set FT_PYTHON=/path/to/python${FT_VERSION}t"
     step "building a free-threaded CPython into $FT_PREFIX (one time; later runs reuse it)"
     check_build_deps
     mkdir -p "$CACHE_ROOT"
@@ -119,7 +120,7 @@ build_python() {
     # shellcheck disable=SC2064
     trap "rm -rf '$work'" EXIT
 
-    step "fetching Debian's python3.13 source package ($DEBIAN_SUITE) with a private apt state in $work/apt"
+    step "fetching Debian's python$FT_VERSION source package ($DEBIAN_SUITE) with a private apt state in $work/apt"
     local mirror signed_by=""
     mirror=$(debian_mirror)
     [[ -f /usr/share/keyrings/debian-archive-keyring.gpg ]] \
@@ -132,14 +133,14 @@ build_python() {
     # As root, apt downloads as the _apt user, who can't write to our private directories.
     [[ $(id -u) -eq 0 ]] && apt_opts+=(-o "APT::Sandbox::User=root")
     run apt-get -q "${apt_opts[@]}" update
-    (cd "$work/src" && run apt-get -q "${apt_opts[@]}" source --download-only python3.13)
+    (cd "$work/src" && run apt-get -q "${apt_opts[@]}" source --download-only python$FT_VERSION)
 
     step "unpacking the upstream tarball"
     local tarball
-    tarball=$(ls "$work"/src/python3.13_*.orig.tar.xz)
+    tarball=$(ls "$work"/src/python${FT_VERSION}_*.orig.tar.xz)
     run tar -xJf "$tarball" -C "$work/src"
     local srcdir
-    srcdir=$(ls -d "$work"/src/Python-3.13*/)
+    srcdir=$(ls -d "$work"/src/Python-${FT_VERSION}*/)
 
     step "configure --disable-gil, make -j$FT_JOBS, make install"
     rm -rf "$FT_PREFIX"
@@ -151,9 +152,9 @@ build_python() {
     logged make install
     cd "$REPO"
     grep -m1 -A1 "The necessary bits to build these optional modules were not found" "$LOG" | sed 's/^/    /' || true
-    is_free_threaded "$FT_PREFIX/bin/python3.13t" >/dev/null || die "$FT_PREFIX/bin/python3.13t is not free-threaded"
+    is_free_threaded "$FT_PREFIX/bin/python${FT_VERSION}t" >/dev/null || die "$FT_PREFIX/bin/python${FT_VERSION}t is not free-threaded"
     basename "$tarball" >"$FT_PREFIX/.minidl-build-complete"
-    PY=$FT_PREFIX/bin/python3.13t
+    PY=$FT_PREFIX/bin/python${FT_VERSION}t
 }
 
 # --- the interpreter -------------------------------------------------------------------------------
@@ -165,8 +166,8 @@ if ! find_python; then
     exec 9>"$FT_PREFIX.lock"
     step "waiting for the build lock $FT_PREFIX.lock"
     flock 9
-    if [[ -f "$FT_PREFIX/.minidl-build-complete" ]] && is_free_threaded "$FT_PREFIX/bin/python3.13t" >/dev/null; then
-        PY=$FT_PREFIX/bin/python3.13t
+    if [[ -f "$FT_PREFIX/.minidl-build-complete" ]] && is_free_threaded "$FT_PREFIX/bin/python${FT_VERSION}t" >/dev/null; then
+        PY=$FT_PREFIX/bin/python${FT_VERSION}t
     else
         build_python
     fi

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from minidl.bench.harness import COLUMNS, missing
@@ -24,6 +25,8 @@ needs_matplotlib = pytest.mark.skipif(bool(missing("matplotlib")), reason="the r
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("python", "numpy", "images", "io")
 PLOTS = [f"threads_speedup_{n}.png" for n in WORKLOADS] + ["threads_first_batch.png", "threads_memory.png"]
+SUITE_WORKLOADS = ("python", "python-shared", "numpy", "images", "io")  # what the suite itself measures
+SUITE_PLOTS = PLOTS + ["threads_speedup_python-shared.png"]
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:
@@ -31,6 +34,21 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         rows = list(csv.DictReader(f))
     assert rows
     return rows
+
+
+@pytest.mark.parametrize("side", [1, 4, 32])
+def test_python_workload_gives_the_same_samples_with_shared_or_own_constants(side):
+    from minidl.bench.workloads import PythonWorkload, _own
+
+    own, shared = PythonWorkload(5, side=side), PythonWorkload(5, side=side, shared_constants=True)
+    for i in range(5):
+        (a, label_a), (b, label_b) = own[i], shared[i]
+        assert a.dtype == b.dtype == np.float32 and a.shape == (3, side, side) and a.tobytes() == b.tobytes()
+        assert label_a == label_b == i % 10
+    assert -2.0 <= float(own[0][0].min()) and float(own[0][0].max()) <= 2.0
+    values = (0.485, 255.0, -2.0)
+    copies = _own(*values)
+    assert copies == list(values) and all(c is not v for c, v in zip(copies, values))  # equal, but new objects
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +79,16 @@ def test_threads_suite_measures_every_backend_workload_and_worker_count(quick_ru
         assert 0 < float(row["min_s"]) <= float(row["median_s"]) <= float(row["max_s"]), row
         assert int(row["repeats"]) >= 3, row
     keyed = {(r["task"], r["method"], int(r["workers"])): r for r in rows}
-    expected = {(f"{n}{what}", b, w) for n in WORKLOADS for what in ("", " first batch") for w in QUICK.workers
+    expected = {(f"{n}{what}", b, w) for n in SUITE_WORKLOADS for what in ("", " first batch") for w in QUICK.workers
                 for b in backends_for(w)}
     assert set(keyed) == expected
-    for n in WORKLOADS:  # speedups are against serial, which is 1 against itself
+    for n in SUITE_WORKLOADS:  # speedups are against serial, which is 1 against itself
         assert float(keyed[n, "serial", 0]["speedup"]) == pytest.approx(1.0)
         assert all(float(keyed[n, b, w]["speedup"]) > 0 for w in QUICK.workers[1:] for b in ("thread", "process"))
 
     metrics = read_csv(out / "threads_metrics.csv")
     assert {(r["workload"], r["method"], int(r["workers"])) for r in metrics} == {
-        (n, b, w) for n in WORKLOADS for w in QUICK.workers for b in backends_for(w)}
+        (n, b, w) for n in SUITE_WORKLOADS for w in QUICK.workers for b in backends_for(w)}
     for r in metrics:
         assert r["python_build"] == python_build()
         for m in ("samples_per_s", "first_batch_s", "peak_uss_mib", "peak_pss_mib"):
@@ -78,7 +96,7 @@ def test_threads_suite_measures_every_backend_workload_and_worker_count(quick_ru
     if missing("matplotlib"):
         assert "skipped plots: matplotlib not installed" in output
     else:
-        assert all((out / name).stat().st_size > 10_000 for name in PLOTS)
+        assert all((out / name).stat().st_size > 10_000 for name in SUITE_PLOTS)
 
 
 def synthetic_run(folder: Path, build: str, python: str) -> Path:

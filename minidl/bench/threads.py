@@ -65,6 +65,22 @@ def make_loader(backend: str, dataset: Any, num_workers: int, *, batch_size: int
                              worker_method=method)
 
 
+def with_shared_constants(datasets: Mapping[str, Any], sizes: Sizes) -> dict[str, Any]:
+    """``datasets`` plus ``python-shared``, right after ``python``: the same pixel loop reading shared constants.
+
+    It returns the very same samples as ``python``; only which thread owns the floats its loop reads
+    differs (see ``workloads.PythonWorkload``). Under the GIL the two run alike; on a free-threaded build
+    the pair shows what objects shared between thread workers cost.
+    """
+    out: dict[str, Any] = {}
+    for name, dataset in datasets.items():
+        out[name] = dataset
+        if name == "python":
+            out["python-shared"] = workloads.PythonWorkload(sizes.python, side=sizes.python_side,
+                                                            shared_constants=True)
+    return out
+
+
 def backends_for(num_workers: int) -> tuple[str, ...]:
     """With no workers there is nothing to run them as: one "serial" row."""
     return ("serial",) if num_workers == 0 else BACKENDS
@@ -91,7 +107,7 @@ def run(session: Session) -> None:
     info = machine_info()
     session.log(f"[threads] Python {info['python']}, build: {info['python_build']}; "
                 f"load average before: {os.getloadavg()[0]:.2f} on {core_count()} cores")
-    datasets = make_workloads(sizes)
+    datasets = with_shared_constants(make_workloads(sizes), sizes)
     results: dict[Key, list[Epoch]] = {}
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores

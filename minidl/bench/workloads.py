@@ -30,23 +30,43 @@ IMAGE_SET_VERSION = 1  # bump when image_folder() draws different images: the ca
 Sample = tuple[np.ndarray, int]  # (image-like array, label): default_collate batches both
 
 
-class PythonWorkload:
-    """``n`` samples whose transform is a pure-Python loop over ``3 * side * side`` pixels (GIL held)."""
+def _own(*values: float) -> list[float]:
+    """New float objects equal to ``values``, owned by the calling thread (see ``PythonWorkload``)."""
+    return [v + 0.0 for v in values]  # v + 0.0 is computed at run time: a new object (float(v) returns v)
 
-    def __init__(self, n: int, side: int = 32) -> None:
-        self.n, self.side = n, side
+
+class PythonWorkload:
+    """``n`` samples whose transform is a pure-Python loop over ``3 * side * side`` pixels (GIL held).
+
+    The loop reads six float constants per pixel: ``MEAN[c]``, ``STD[c]``, ``255.0``, ``2.2`` and the clip
+    bounds ``-2.0`` and ``2.0``. By default it reads copies that this call made; ``shared_constants=True``
+    reads the module's and the code's own objects, as one would first write it. The samples are equal
+    either way; the difference shows only on a free-threaded build with several thread workers. There an
+    object belongs to the thread that made it: its owner updates the reference count with plain
+    arithmetic, every other thread with an atomic operation on a count they all share. Constants made by
+    the importing thread and passed to ``min``/``max`` 6,000 times a sample from two threads keep one
+    cache line moving between the cores: ``perf`` on 3.14t put 13% of the time in ``_Py_DecRefShared``
+    (0.1% with copies). Notebook 09 measures both versions side by side.
+    """
+
+    def __init__(self, n: int, side: int = 32, shared_constants: bool = False) -> None:
+        self.n, self.side, self.shared_constants = n, side, shared_constants
 
     def __len__(self) -> int:
         return self.n
 
     def __getitem__(self, index: int) -> Sample:
+        if self.shared_constants:
+            mean, std, scale, gamma, lo, hi = MEAN, STD, 255.0, 2.2, -2.0, 2.0
+        else:
+            mean, std, (scale, gamma, lo, hi) = _own(*MEAN), _own(*STD), _own(255.0, 2.2, -2.0, 2.0)
         rng = random.Random(index)
         pixels = [rng.randrange(256) for _ in range(3 * self.side * self.side)]
         per_channel = self.side * self.side
         out = []
         for i, p in enumerate(pixels):  # gamma-correct, standardise and clip, one Python float at a time
             c = i // per_channel
-            out.append(min(max(((p / 255.0) ** 2.2 - MEAN[c]) / STD[c], -2.0), 2.0))
+            out.append(min(max(((p / scale) ** gamma - mean[c]) / std[c], lo), hi))
         return np.array(out, dtype=np.float32).reshape(3, self.side, self.side), index % NUM_CLASSES
 
 
