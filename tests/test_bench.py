@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import csv
 import importlib
+import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -17,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minidl.bench import SUITES, Timing, is_quick, machine_info, machine_tag, time_it
 from minidl.bench.harness import COLUMNS, Row, fill_speedups, format_table, main, missing
@@ -227,3 +231,23 @@ def test_everything_a_pool_runs_pickles_under_spawn():
         fetch = partial(fetch_sample, latency=0.0)
         assert all(np.array_equal(a, b) for a, b in zip(map_pool(fetch, range(3), pool), map_serial(fetch, range(3))))
         assert map_pool(monte_carlo_hits, [(50, 1)], pool) == [monte_carlo_hits((50, 1))]
+
+
+
+@given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=40, unique=True), st.sampled_from([0.9, 0.95, 0.99]))
+def test_median_ci_brackets_the_median_with_the_coverage_it_claims(values, level):
+    from minidl.bench.harness import median_ci
+
+    low, high, coverage = median_ci(values, level)
+    ordered, n = sorted(values), len(values)
+    k = ordered.index(low) + 1  # low is the k-th smallest, high the k-th largest
+    assert high == ordered[n - k] and low <= statistics.median(values) <= high
+
+    def binomial_coverage(k: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    assert coverage == pytest.approx(binomial_coverage(k))
+    if coverage < level:  # too few values for that level: the whole range, worth what it says
+        assert k == 1
+    elif k + 1 <= (n + 1) // 2:  # the widest k that reaches the level: one narrower falls short
+        assert binomial_coverage(k + 1) < level

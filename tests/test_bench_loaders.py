@@ -79,7 +79,7 @@ def test_loaders_suite_measures_every_backend_workload_and_worker_count(quick_ru
     assert "mode: quick" in output
     for name in WORKLOADS:
         assert f"[loaders] {name}: the first 2 batches of every backend equal torch's" in output
-    assert "throughput, minidl processes / torch, per round [range] (goal >= 0.95)" in output
+    assert "throughput, minidl processes / torch, median of per-round ratios [95% CI" in output
     rows = read_csv(out / "loaders.csv")
     check_rows(rows)
     keys = {(r["task"], r["method"], int(r["workers"])) for r in rows}

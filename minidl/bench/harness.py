@@ -11,6 +11,7 @@ import argparse
 import csv
 import importlib
 import importlib.util
+import math
 import os
 import statistics
 import sys
@@ -67,6 +68,33 @@ def time_it(fn: Callable[[], Any], repeats: int = 5) -> Timing:
         fn()
         times.append(time.perf_counter() - start)
     return Timing(statistics.median(times), min(times), max(times), repeats, first)
+
+
+def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """A distribution-free confidence interval for the median: ``(low, high, coverage)``.
+
+    The k-th smallest and k-th largest values bracket the true median unless at least n - k + 1 of
+    the n values fall on one side of it, which happens with probability 2 * P(Binomial(n, 1/2) < k).
+    k is the largest whose coverage is still at least ``level``; with too few values for that (fewer
+    than 6 at 95%) the interval is the whole range, min to max, and ``coverage`` says what it is worth.
+
+    >>> median_ci([5, 1, 4, 2, 3, 9, 8, 7, 6, 10, 11])  # 11 values: the 2nd smallest to the 2nd largest
+    (2, 10, 0.98828125)
+    >>> median_ci([3, 1, 2])
+    (1, 3, 0.75)
+    """
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("median_ci() needs at least one value")
+
+    def coverage(k: int) -> float:
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return ordered[k - 1], ordered[n - k], coverage(k)
 
 
 def missing(*modules: str) -> list[str]:

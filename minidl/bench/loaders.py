@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from minidl.bench import workloads
-from minidl.bench.harness import Session, Timing, missing
+from minidl.bench.harness import Session, Timing, median_ci, missing
 from minidl.bench.machine import core_count, machine_info
 
 REQUIRES = ("torch", "psutil", "PIL")
@@ -50,7 +50,10 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Sizes:
-    """Samples per epoch for each workload, and their knobs; FULL takes about five minutes on 2 cores."""
+    """Samples per epoch for each workload, and their knobs; FULL takes about ten minutes on 2 cores.
+
+    FULL times 11 rounds: enough for a 95% interval around the median per-round ratio (``median_ci``).
+    """
 
     python: int
     python_side: int  # pixels per side: ~2 ms of pure Python per sample at 32
@@ -69,7 +72,7 @@ class Sizes:
 
 
 FULL = Sizes(python=640, python_side=32, numpy=8192, numpy_images=4096, images=768, image_files_per_class=300,
-             image_set=f"images-v{workloads.IMAGE_SET_VERSION}", io=384, io_latency=0.004, repeats=5)
+             image_set=f"images-v{workloads.IMAGE_SET_VERSION}", io=384, io_latency=0.004, repeats=11)
 QUICK = Sizes(python=64, python_side=12, numpy=256, numpy_images=256, images=64, image_files_per_class=7,
               image_set=f"images-v{workloads.IMAGE_SET_VERSION}-quick", io=64, io_latency=0.001, repeats=3,
               workers=(0, 2), memory_interval=0.02)  # epochs of ~0.1 s: sample often, speed matters not
@@ -340,7 +343,8 @@ def ratio_tables(results: Mapping[Key, list[Epoch]], cores: int) -> str:
     """The goals, as ratios of metrics measured side by side in this run, as printable tables.
 
     minidl against torch is the median of per-round ratios (the two epochs ran one after the other),
-    with their range in brackets: on a shared machine that range is the noise to judge a 5% goal by.
+    with a 95% confidence interval for that median in brackets (``paired_ratio``): on a shared machine
+    one round's ratio swings by 10-20%, so a 5% goal is judged by the interval, not by one figure.
     """
     names = list(dict.fromkeys(k[0] for k in results))
     counts = sorted({k[2] for k in results})  # the num_workers measured, 0 first
@@ -354,8 +358,7 @@ def ratio_tables(results: Mapping[Key, list[Epoch]], cores: int) -> str:
 
     def paired(name: str, top: str, w: int, per_sample: Callable[[Epoch], float]) -> str:
         pairs = zip(results[name, _as_minidl(top, w), w][1:], results[name, "torch", w][1:])
-        ratios = [per_sample(a) / per_sample(b) for a, b in pairs]
-        return f"{statistics.median(ratios):.2f} [{min(ratios):.2f}-{max(ratios):.2f}]"
+        return paired_ratio([per_sample(a) / per_sample(b) for a, b in pairs])
 
     def rate(e: Epoch) -> float:
         return e.samples / e.seconds
@@ -364,13 +367,13 @@ def ratio_tables(results: Mapping[Key, list[Epoch]], cores: int) -> str:
         return e.cpu / e.samples
 
     out = [
-        text_table("throughput, minidl processes / torch, per round [range] (goal >= 0.95)",
+        text_table(f"throughput, minidl processes / torch, median of per-round ratios {CI} (goal >= 0.95)",
                    ["workload", *map(_w, counts)], [[n, *(paired(n, "minidl process", w, rate) for w in counts)]
                                                     for n in names]),
-        text_table("CPU time per sample, minidl processes / torch, per round [range] (other load barely moves it)",
+        text_table(f"CPU time per sample, minidl processes / torch, median of per-round ratios {CI}",
                    ["workload", *map(_w, counts)], [[n, *(paired(n, "minidl process", w, cpu_cost) for w in counts)]
                                                     for n in names]),
-        text_table("throughput, minidl threads / torch, per round [range] (no goal: the GIL decides)",
+        text_table(f"throughput, minidl threads / torch, median of per-round ratios {CI} (no goal: the GIL decides)",
                    ["workload", *map(_w, some)], [[n, *(paired(n, "minidl thread", w, rate) for w in some)]
                                                   for n in names]),
         text_table("time to first batch, process workers / thread workers (goal: threads >= 5x sooner)",
@@ -389,6 +392,15 @@ def ratio_tables(results: Mapping[Key, list[Epoch]], cores: int) -> str:
     out.append(text_table(f"efficiency: speedup over 0 workers / min(workers, {cores} cores) (1.00 = the limit)",
                           ["workload", "backend", *map(_w, some)], rows))
     return "\n\n".join(out)
+
+
+CI = "[95% CI of the median; min-max below 6 rounds]"
+
+
+def paired_ratio(ratios: Sequence[float]) -> str:
+    """``median [low-high]``: per-round ratios' median and its 95% confidence interval (``harness.median_ci``)."""
+    low, high, _ = median_ci(ratios)
+    return f"{statistics.median(ratios):.2f} [{low:.2f}-{high:.2f}]"
 
 
 def _w(w: int) -> str:
