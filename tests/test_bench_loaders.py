@@ -98,6 +98,15 @@ def test_loaders_suite_measures_every_backend_workload_and_worker_count(quick_ru
             assert 0 < low <= median <= high, (metric, row)
         assert int(row["samples"]) == {"python": QUICK.python, "numpy": QUICK.numpy, "images": QUICK.images,
                                        "io": QUICK.io}[row["workload"]]
+    rounds = read_csv(out / "loaders_rounds.csv", columns=None)
+    counted = {}
+    for row in rounds:
+        assert all(row[field] for field in MACHINE_FIELDS), row
+        assert float(row["seconds"]) >= float(row["first_batch_s"]) > 0 and float(row["cpu_s"]) >= 0, row
+        key = (row["workload"], row["method"], int(row["workers"]))
+        counted[key] = counted.get(key, []) + [int(row["round"])]
+    assert counted == {(r["workload"], r["method"], int(r["workers"])): list(range(QUICK.repeats + 1))
+                       for r in metrics}  # the warm-up, round 0, and every timed round
     if not missing("matplotlib"):
         names = [f"loaders_throughput_{n}.png" for n in WORKLOADS] + ["loaders_first_batch.png", "loaders_memory.png"]
         for name in names:
@@ -119,6 +128,10 @@ def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick
     expected |= {(f"trace numpy, {backend}, {w} workers", method, w, QUICK.trace_samples)
                  for w, backend in TRACE_BACKENDS for method in ("trace off", "trace=True")}
     assert expected == keys
+    rounds = read_csv(out / "overhead_rounds.csv", columns=None)
+    assert {(int(r["batch_size"]), int(r["workers"]), r["method"], int(r["round"])) for r in rounds} == {
+        (bs, w, b, i) for bs in BATCH_SIZES for w in WORKERS for b in backends_for(w) for i in range(QUICK.repeats + 1)}
+    assert all(float(r["per_batch_s"]) > 0 and float(r["first_batch_s"]) > 0 for r in rounds)
     baselines = {(r["task"], r["method"]) for r in rows if r["speedup"] == "1"}
     assert {t for t, _ in baselines} == {task for task, *_ in expected}  # every group has its baseline
     if not missing("matplotlib"):

@@ -18,7 +18,8 @@ Compared backends run in *rounds*, one epoch each, in rotating order: a round to
 timed ones, so a neighbour's load on a shared machine hits them alike. CSV rows (the harness's columns):
 task ``<workload>`` is the epoch (``size`` samples; speedup against torch with no workers) and
 ``<workload> first batch`` the time to the first batch; memory and CPU go in ``note``, and each metric's
-median, min and max in the extra file ``loaders_metrics.csv``.
+median, min and max in the extra file ``loaders_metrics.csv``, and every round's raw figures in
+``loaders_rounds.csv`` (so the per-round ratios can be paired again from the files alone).
 """
 
 from __future__ import annotations
@@ -271,6 +272,10 @@ def run(session: Session) -> None:
                 line = ", ".join(f"{b} {_throughput(results[name, b, w]):.0f}/s" for b in backends_for(w))
                 session.log(f"[loaders] {name}, {w} workers: {line}")
     write_metrics(results, session.out / "loaders_metrics.csv")
+    write_rounds(session.out / "loaders_rounds.csv", [
+        {"workload": name, "method": backend, "workers": w, "round": r, "seconds": e.seconds, "samples": e.samples,
+         "first_batch_s": e.first_batch, "cpu_s": e.cpu}
+        for (name, backend, w), epochs in results.items() for r, e in enumerate(epochs)])
     session.log(ratio_tables(results, core_count()))
     if missing("matplotlib"):
         session.skip("plots", "matplotlib not installed")
@@ -326,6 +331,22 @@ def write_metrics(results: Mapping[Key, list[Epoch]], path: Path) -> Path:
                 row |= {f"{m}_median": f"{statistics.median(values):.6g}", f"{m}_min": f"{min(values):.6g}",
                         f"{m}_max": f"{max(values):.6g}"}
             writer.writerow(row)
+    return path
+
+
+def write_rounds(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """Every round's raw figures, one row each (round 0 is the warm-up), with the machine on every row.
+
+    Rounds that ran side by side share a round number, so a reader can pair them again, as the ratio
+    tables do (``paired_ratio``), without the suite's run.
+    """
+    machine = machine_info()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=[*rows[0], *machine])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**{k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()}, **machine})
     return path
 
 

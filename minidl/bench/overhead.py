@@ -14,6 +14,7 @@ Tasks (the CSV's ``task``, with what its ``size`` counts):
 
 As in the ``loaders`` suite, compared loaders run in rotating rounds after a warm-up round, and every
 backend's first batches (traced ones too) are checked against torch's before anything is timed.
+Every round's per-batch cost and first batch also go to ``overhead_rounds.csv``.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from minidl.bench.loaders import (
     same_batch,
     text_table,
     timing,
+    write_rounds,
 )
 
 REQUIRES = ("torch", "psutil")
@@ -121,6 +123,10 @@ def run(session: Session) -> None:
                                baseline=not on, note="one epoch, worker start and shutdown included")
             session.log(f"[overhead] trace numpy, {backend}, {w} workers: throughput with / without "
                         f"{_trace_ratio(traced, w, backend):.3f}")
+    write_rounds(session.out / "overhead_rounds.csv", [
+        {"batch_size": bs, "workers": w, "method": b, "round": r, "per_batch_s": e.per_batch,
+         "first_batch_s": e.first_batch}
+        for (bs, w, b), epochs in per_batch.items() for r, e in enumerate(epochs)])
     session.log(ratio_tables(per_batch, traced))
     if missing("matplotlib"):
         session.skip("plots", "matplotlib not installed")
