@@ -6,13 +6,17 @@
 # The interpreter comes from the first of:
 #   1. $FT_PYTHON, if set (a path to a free-threaded python);
 #   2. python3.14t or python3.13t on PATH;
-#   3. a build this script made before, in $FT_PREFIX (default ~/.cache/minidl/cpython-3.13t);
-#   4. uv, if installed: `uv python find 3.13t`, else `uv python install 3.13t`;
-#   5. a build from source, into $FT_PREFIX, reused by every later run (about 3-4 minutes on 2 cores).
-#      The source is Debian's python3.13 source package (suite trixie), whose .orig.tar.xz is the
-#      upstream Python-3.13.x tarball. apt fetches and verifies it, but through a private state
-#      directory: the system's apt sources, lists and caches are not touched. Debian's own patches
-#      are not applied; this is a plain `./configure --disable-gil` build (no PGO, no tests).
+#   3. a build this script made before, in $FT_PREFIX (default ~/.cache/minidl/cpython-${FT_VERSION}t);
+#   4. uv, if installed: `uv python find ${FT_VERSION}t`, else `uv python install ${FT_VERSION}t`;
+#   5. a build from source, into $FT_PREFIX, reused by every later run (about 3-5 minutes on 2 cores).
+#      The source is Debian's python${FT_VERSION} source package (suite trixie for 3.13, else forky, or
+#      $FT_DEBIAN_SUITE), whose .orig.tar.xz is the upstream Python tarball. apt fetches and verifies
+#      it, but through a private state directory: the system's apt sources, lists and caches are not
+#      touched. Debian's own patches are not applied; this is a plain `./configure --disable-gil` build
+#      (no PGO, no tests).
+# FT_VERSION (default 3.13) picks the minor version for steps 3-5. 3.13 is the default because its source
+# route works here; for 3.14, this machine's Debian mirror listed 3.14.8-3.14.10 in forky/sid while its
+# pool held only 3.14.4-3.14.7, so apt's download failed (404): build it by hand and pass FT_PYTHON.
 # Every candidate is checked: CPython >= 3.13 built with Py_GIL_DISABLED=1.
 set -euo pipefail
 

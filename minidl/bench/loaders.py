@@ -268,7 +268,7 @@ def run(session: Session) -> None:
                 epoch = partial(run_epoch, memory=sizes.memory_interval)
                 for backend, epochs in run_rounds(loaders, sizes.repeats, epoch).items():
                     results[name, backend, w] = epochs
-                    _record(session, name, backend, w, epochs)
+                    record_epochs(session, name, backend, w, epochs, baseline=backend == "torch" and w == 0)
                 line = ", ".join(f"{b} {_throughput(results[name, b, w]):.0f}/s" for b in backends_for(w))
                 session.log(f"[loaders] {name}, {w} workers: {line}")
     write_metrics(results, session.out / "loaders_metrics.csv")
@@ -291,16 +291,22 @@ def _cpu_util(e: Epoch) -> float:
     return e.cpu / e.seconds / core_count()
 
 
-def _record(session: Session, name: str, backend: str, w: int, epochs: list[Epoch]) -> None:
+def record_epochs(session: Session, name: str, backend: str, w: int, epochs: list[Epoch], *, baseline: bool,
+                  extra: str = "") -> None:
+    """Two harness rows for one setting's epochs (the first is the warm-up): the epoch, and its first batch.
+
+    The epoch row's note carries samples/s, peak memory and CPU use (plus ``extra``); the ``threads`` suite
+    shares this with ``loaders``.
+    """
     timed = epochs[1:]
     rate = [e.samples / e.seconds for e in timed]
     note = (f"samples/s {statistics.median(rate):.4g} (min {min(rate):.4g}, max {max(rate):.4g}); "
-            f"peak USS {statistics.median(e.uss for e in timed) / MIB:.0f} MiB, "
-            f"PSS {statistics.median(e.pss for e in timed) / MIB:.0f} MiB; "
-            f"CPU {statistics.median(map(_cpu_util, timed)):.0%} of {core_count()} cores")
+            f"peak PSS {statistics.median(e.pss for e in timed) / MIB:.0f} MiB, "
+            f"USS {statistics.median(e.uss for e in timed) / MIB:.0f} MiB; "
+            f"CPU {statistics.median(map(_cpu_util, timed)):.0%} of {core_count()} cores{extra}")
     size = epochs[0].samples
-    session.record(name, backend, timing([e.seconds for e in epochs]), size=size, workers=w,
-                   baseline=(backend == "torch" and w == 0), note=note)
+    session.record(name, backend, timing([e.seconds for e in epochs]), size=size, workers=w, baseline=baseline,
+                   note=note)
     session.record(f"{name} first batch", backend, timing([e.first_batch for e in epochs]), size=size, workers=w,
                    note=f"batch size {BATCH_SIZE}: worker start plus one batch's work")
 

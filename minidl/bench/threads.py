@@ -27,15 +27,14 @@ import minidl
 from minidl.bench import workloads
 from minidl.bench.harness import Session, missing
 from minidl.bench.loaders import (
-    MIB,
     Epoch,
     Sizes,
     first_batches,
     make_workloads,
+    record_epochs,
     run_epoch,
     run_rounds,
     text_table,
-    timing,
     write_metrics,
 )
 from minidl.bench.machine import core_count, machine_info
@@ -122,7 +121,8 @@ def run(session: Session) -> None:
             epoch = partial(run_epoch, memory=sizes.memory_interval)
             for (backend, w), epochs in run_rounds(loaders, sizes.repeats, epoch).items():
                 results[name, backend, w] = epochs
-                _record(session, name, backend, w, epochs)
+                record_epochs(session, name, backend, w, epochs, baseline=backend == "serial",
+                              extra=f"; load {os.getloadavg()[0]:.2f}")
             session.log(f"[threads] {name}: timed {sizes.repeats} rounds of {len(loaders)} loaders")
     session.log(f"[threads] load average after: {os.getloadavg()[0]:.2f}")
     metrics = write_metrics(results, session.out / "threads_metrics.csv")
@@ -134,21 +134,6 @@ def run(session: Session) -> None:
 
     for filename, fig in threads_report.figures(threads_report.read_rows(metrics)).items():
         session.savefig(fig, filename)
-
-
-def _record(session: Session, name: str, backend: str, w: int, epochs: list[Epoch]) -> None:
-    timed = epochs[1:]
-    rate = [e.samples / e.seconds for e in timed]
-    note = (f"samples/s {statistics.median(rate):.4g} (min {min(rate):.4g}, max {max(rate):.4g}); "
-            f"peak PSS {statistics.median(e.pss for e in timed) / MIB:.0f} MiB, "
-            f"USS {statistics.median(e.uss for e in timed) / MIB:.0f} MiB; "
-            f"CPU {statistics.median(e.cpu / e.seconds for e in timed) / core_count():.0%} of {core_count()} cores; "
-            f"load {os.getloadavg()[0]:.2f}")
-    size = epochs[0].samples
-    session.record(name, backend, timing([e.seconds for e in epochs]), size=size, workers=w,
-                   baseline=(backend == "serial"), note=note)
-    session.record(f"{name} first batch", backend, timing([e.first_batch for e in epochs]), size=size, workers=w,
-                   note=f"batch size {BATCH_SIZE}: worker start plus one batch's work")
 
 
 def ratio_table(results: Mapping[Key, list[Epoch]]) -> str:
