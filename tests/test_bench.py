@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import importlib
+import io
 import math
 import os
 import re
@@ -251,3 +252,19 @@ def test_median_ci_brackets_the_median_with_the_coverage_it_claims(values, level
         assert k == 1
     elif k + 1 <= (n + 1) // 2:  # the widest k that reaches the level: one narrower falls short
         assert binomial_coverage(k + 1) < level
+
+
+def test_session_progress_counts_measurements_a_suite_takes_itself(tmp_path):
+    from tqdm import tqdm
+
+    from minidl.bench.harness import Session
+    from minidl.bench.loaders import run_rounds
+
+    with tqdm(total=0, file=io.StringIO()) as bar:  # not disabled: a disabled bar counts nothing
+        session = Session("demo", quick=True, out=tmp_path, bar=bar)
+        session.plan(2 * 4)  # two kinds, a warm-up round and three timed ones
+        results = run_rounds({"a": lambda: [1], "b": lambda: [2, 3]}, 3, len, session.progress("demo:"))
+        assert results == {"a": [1, 1, 1, 1], "b": [2, 2, 2, 2]}
+        assert (bar.n, bar.total) == (8, 8)
+        session.advance("one more")
+        assert bar.n == 9

@@ -70,6 +70,8 @@ def test_threads_suite_measures_every_backend_workload_and_worker_count(quick_ru
 
     out, output = quick_run
     assert "mode: quick" in output
+    epochs = len(SUITE_WORKLOADS) * sum(len(backends_for(w)) for w in QUICK.workers) * (QUICK.repeats + 1)
+    assert f"{epochs}/{epochs} [" in output  # the progress bar counted every epoch, warm-ups included
     rows = read_csv(out / "threads.csv")
     assert tuple(rows[0]) == COLUMNS
     for row in rows:

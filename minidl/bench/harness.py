@@ -134,6 +134,16 @@ class Session:
         self._bar.total = (self._bar.total or 0) + n
         self._bar.refresh()
 
+    def advance(self, what: str = "") -> None:
+        """Count one measurement a suite took by itself (an epoch, say) on the progress bar; ``what`` names it."""
+        if what:
+            self._bar.set_postfix_str(what)
+        self._bar.update()
+
+    def progress(self, where: str) -> Callable[[str], None]:
+        """A callback that advances the bar by one, naming ``where`` and what it is given (``run_rounds`` takes it)."""
+        return lambda what: self.advance(f"{where} {what}")
+
     def measure(self, task: str, method: str, fn: Callable[[], Any], *, size: int, workers: int = 1,
                 baseline: bool = False, note: str = "", repeats: int | None = None) -> Timing:
         """Time ``fn`` with ``time_it`` and record it as a row; returns the Timing."""

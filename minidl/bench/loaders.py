@@ -189,17 +189,21 @@ def run_epoch(loader: Iterable, memory: float | None = FULL.memory_interval) -> 
 
 
 def run_rounds(loaders: Mapping[str, Callable[[], Iterable]], repeats: int,
-               measure: Callable[[Iterable], T] = run_epoch) -> dict[str, list[T]]:
+               measure: Callable[[Iterable], T] = run_epoch,
+               progress: Callable[[Any], None] | None = None) -> dict[str, list[T]]:
     """One warm-up round, then ``repeats`` timed rounds; a round runs ``measure`` on a fresh loader of each kind.
 
     The kinds take turns in rotating order, so compared loaders run side by side in time. Each list
-    starts with the warm-up.
+    starts with the warm-up. ``progress``, if given, is called with each kind's key after each measurement
+    (``Session.progress`` makes one that moves the progress bar).
     """
     names = list(loaders)
     results: dict[str, list[T]] = {name: [] for name in names}
     for r in range(repeats + 1):
         for name in names[r % len(names):] + names[:r % len(names)]:
             results[name].append(measure(loaders[name]()))
+            if progress is not None:
+                progress(name)
     return results
 
 
@@ -258,6 +262,7 @@ def run(session: Session) -> None:
     session.log(f"[loaders] preparing workloads (the image folder is generated once, into {workloads.cache_dir()})")
     datasets = make_workloads(sizes)
     results: dict[Key, list[Epoch]] = {}
+    session.plan(len(datasets) * sum(len(backends_for(w)) for w in sizes.workers) * (sizes.repeats + 1))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores
         for name, dataset in datasets.items():
@@ -266,7 +271,8 @@ def run(session: Session) -> None:
             for w in sizes.workers:
                 loaders = {b: partial(make_loader, b, dataset, w) for b in backends_for(w)}
                 epoch = partial(run_epoch, memory=sizes.memory_interval)
-                for backend, epochs in run_rounds(loaders, sizes.repeats, epoch).items():
+                progress = session.progress(f"{name}, {w} workers:")
+                for backend, epochs in run_rounds(loaders, sizes.repeats, epoch, progress).items():
                     results[name, backend, w] = epochs
                     record_epochs(session, name, backend, w, epochs, baseline=backend == "torch" and w == 0)
                 line = ", ".join(f"{b} {_throughput(results[name, b, w]):.0f}/s" for b in backends_for(w))

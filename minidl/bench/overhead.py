@@ -92,6 +92,8 @@ def run(session: Session) -> None:
 
     sizes = QUICK if session.quick else FULL
     per_batch: dict[tuple[int, int, str], list[BatchTimes]] = {}
+    per_round = len(BATCH_SIZES) * sum(len(backends_for(w)) for w in WORKERS) + 2 * len(TRACE_BACKENDS)
+    session.plan(per_round * (sizes.repeats + 1))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         for bs in BATCH_SIZES:
@@ -99,7 +101,8 @@ def run(session: Session) -> None:
             check_backends(f"trivial, batch size {bs}", dataset, batch_size=bs)
             for w in WORKERS:
                 loaders = {b: partial(make_loader, b, dataset, w, batch_size=bs) for b in backends_for(w)}
-                for backend, epochs in run_rounds(loaders, sizes.repeats, batch_times).items():
+                progress = session.progress(f"per-batch, batch size {bs}, {w} workers:")
+                for backend, epochs in run_rounds(loaders, sizes.repeats, batch_times, progress).items():
                     per_batch[bs, w, backend] = epochs
                     note = f"{sizes.batches[bs]} batches; steady state, first batch to last"
                     session.record(f"per-batch, {w} workers", backend, timing([e.per_batch for e in epochs]),
@@ -116,7 +119,8 @@ def run(session: Session) -> None:
             if not all(map(same_batch, first_batches(make_loader(backend, numpy, w, trace=True)), reference)):
                 raise AssertionError(f"[overhead] numpy: traced {backend} batches differ from torch's")
             loaders = {on: partial(make_loader, backend, numpy, w, trace=on) for on in (False, True)}
-            for on, epochs in run_rounds(loaders, sizes.repeats, partial(run_epoch, memory=None)).items():
+            progress = session.progress(f"trace numpy, {backend}, {w} workers: trace=")
+            for on, epochs in run_rounds(loaders, sizes.repeats, partial(run_epoch, memory=None), progress).items():
                 traced[w, backend, on] = epochs
                 session.record(f"trace numpy, {backend}, {w} workers", "trace=True" if on else "trace off",
                                timing([e.seconds for e in epochs]), size=sizes.trace_samples, workers=w,

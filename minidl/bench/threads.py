@@ -108,6 +108,7 @@ def run(session: Session) -> None:
                 f"load average before: {os.getloadavg()[0]:.2f} on {core_count()} cores")
     datasets = with_shared_constants(make_workloads(sizes), sizes)
     results: dict[Key, list[Epoch]] = {}
+    session.plan(len(datasets) * sum(len(backends_for(w)) for w in sizes.workers) * (sizes.repeats + 1))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")  # 4 workers on 2 cores
         # Python 3.12+ warns when forking a process that runs threads (here: the memory sampler).
@@ -119,7 +120,10 @@ def run(session: Session) -> None:
             # Every backend and worker count of a workload in one rotation: a neighbour's load hits them alike.
             loaders = {(b, w): partial(make_loader, b, dataset, w) for w in sizes.workers for b in backends_for(w)}
             epoch = partial(run_epoch, memory=sizes.memory_interval)
-            for (backend, w), epochs in run_rounds(loaders, sizes.repeats, epoch).items():
+            def progress(key: tuple[str, int], name: str = name) -> None:
+                session.advance(f"{name}: {key[0]} x{key[1]}")
+
+            for (backend, w), epochs in run_rounds(loaders, sizes.repeats, epoch, progress).items():
                 results[name, backend, w] = epochs
                 record_epochs(session, name, backend, w, epochs, baseline=backend == "serial",
                               extra=f"; load {os.getloadavg()[0]:.2f}")
