@@ -54,4 +54,6 @@ class _MainModuleSpotter(pickle.Pickler):
 
 class _NullWriter:
     def write(self, b) -> int:
-        return len(b)
+        # Any bytes-like object: Python 3.14's pickler hands large buffers over as a PickleBuffer, uncopied.
+        with memoryview(b) as view:
+            return view.nbytes

@@ -110,27 +110,29 @@ def test_every_way_to_stop_leaves_nothing_running(worker_method, persistent, how
 
 
 SCRIPT = textwrap.dedent("""
-    import json, os, signal, sys, time
-    import psutil
+    import json, multiprocessing, os, signal, sys, time
     import minidl
     from minidl import toy
 
-    worker_method, persistent, ending = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
-    loader = minidl.DataLoader(toy.SlowDataset(1000, delay=0.01), batch_size=2, num_workers=2,
-                               worker_method=worker_method, persistent_workers=persistent,
-                               collate_fn=minidl.numpy_collate)
-    it = iter(loader)
-    next(it)
-    print(json.dumps([p.pid for p in psutil.Process().children()]), flush=True)
-    if ending == "sigint":
-        try:
-            os.kill(os.getpid(), signal.SIGINT)
-            for _ in it:
-                pass
-        except KeyboardInterrupt:
-            del it
-            print("interrupted", flush=True)
-    # else: fall off the end of the script while the iterator is alive and mid-epoch
+    # The guard: under spawn or forkserver (Linux's default from Python 3.14) workers import this file.
+    if __name__ == "__main__":
+        worker_method, persistent, ending = sys.argv[1], sys.argv[2] == "1", sys.argv[3]
+        loader = minidl.DataLoader(toy.SlowDataset(1000, delay=0.01), batch_size=2, num_workers=2,
+                                   worker_method=worker_method, persistent_workers=persistent,
+                                   collate_fn=minidl.numpy_collate)
+        it = iter(loader)
+        next(it)
+        # The workers this process started (under forkserver they are the fork server's children, not ours).
+        print(json.dumps([p.pid for p in multiprocessing.active_children()]), flush=True)
+        if ending == "sigint":
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in it:
+                    pass
+            except KeyboardInterrupt:
+                del it
+                print("interrupted", flush=True)
+        # else: fall off the end of the script while the iterator is alive and mid-epoch
 """)
 
 

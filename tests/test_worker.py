@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import pickle
 
 import numpy as np
@@ -203,6 +204,17 @@ def test_thread_workers_batches_are_not_in_shared_memory():
 def test_process_workers_send_tensors_through_shared_memory():
     batch = next(iter(minidl.DataLoader(minidl.TensorDataset(torch.arange(8)), batch_size=4, num_workers=1)))
     assert batch[0].is_shared()
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_dataset_of_large_arrays_passes_the_pickling_check(method):
+    # Python 3.14's pickler writes large buffers as PickleBuffer objects; the check must take any bytes-like.
+    from minidl._picklable import _NullWriter, check_picklable
+
+    assert _NullWriter().write(pickle.PickleBuffer(bytearray(100_000))) == 100_000
+    assert _NullWriter().write(b"abc") == 3
+    images = np.arange(3 * 64 * 64 * 8, dtype=np.float32).reshape(8, 3, 64, 64)  # 384 KiB, one buffer
+    check_picklable(multiprocessing.get_context(method), {"dataset": images})
 
 
 class _CellDataset(minidl.Dataset):
