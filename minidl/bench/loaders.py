@@ -278,7 +278,7 @@ def run(session: Session) -> None:
                 line = ", ".join(f"{b} {_throughput(results[name, b, w]):.0f}/s" for b in backends_for(w))
                 session.log(f"[loaders] {name}, {w} workers: {line}")
     write_metrics(results, session.out / "loaders_metrics.csv")
-    write_rounds(session.out / "loaders_rounds.csv", [
+    write_rows(session.out / "loaders_rounds.csv", [
         {"workload": name, "method": backend, "workers": w, "round": r, "seconds": e.seconds, "samples": e.samples,
          "first_batch_s": e.first_batch, "cpu_s": e.cpu}
         for (name, backend, w), epochs in results.items() for r, e in enumerate(epochs)])
@@ -327,35 +327,29 @@ def _metrics(e: Epoch) -> dict[str, float]:
 
 def write_metrics(results: Mapping[Key, list[Epoch]], path: Path) -> Path:
     """Every metric's median, min and max over the timed epochs, one row per workload x backend x workers."""
-    columns = ["workload", "samples", "method", "workers", "repeats"]
-    columns += [f"{m}_{s}" for m in METRIC_COLUMNS for s in ("median", "min", "max")]
-    columns += list(machine_info())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=columns)
-        writer.writeheader()
-        for (name, backend, w), epochs in results.items():
-            timed = [_metrics(e) for e in epochs[1:]]
-            row: dict[str, Any] = {"workload": name, "samples": epochs[0].samples, "method": backend, "workers": w,
-                                   "repeats": len(timed), **machine_info()}
-            for m in METRIC_COLUMNS:
-                values = [t[m] for t in timed]
-                row |= {f"{m}_median": f"{statistics.median(values):.6g}", f"{m}_min": f"{min(values):.6g}",
-                        f"{m}_max": f"{max(values):.6g}"}
-            writer.writerow(row)
-    return path
+    rows = []
+    for (name, backend, w), epochs in results.items():
+        timed = [_metrics(e) for e in epochs[1:]]
+        row: dict[str, Any] = {"workload": name, "samples": epochs[0].samples, "method": backend, "workers": w,
+                               "repeats": len(timed)}
+        for m in METRIC_COLUMNS:
+            values = [t[m] for t in timed]
+            row |= {f"{m}_median": statistics.median(values), f"{m}_min": min(values), f"{m}_max": max(values)}
+        rows.append(row)
+    return write_rows(path, rows)
 
 
-def write_rounds(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
-    """Every round's raw figures, one row each (round 0 is the warm-up), with the machine on every row.
+def write_rows(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    """``rows`` (dicts with the same keys) as a CSV, floats to 6 significant figures, the machine on every row.
 
-    Rounds that ran side by side share a round number, so a reader can pair them again, as the ratio
-    tables do (``paired_ratio``), without the suite's run.
+    The suites' extra files use it: ``*_metrics.csv`` and the raw per-round figures (``*_rounds.csv``, round
+    0 the warm-up), where rounds that ran side by side share a round number, so a reader can pair them
+    again, as the ratio tables do (``paired_ratio``), without the suite's run.
     """
     machine = machine_info()
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=[*rows[0], *machine])
+        writer = csv.DictWriter(f, fieldnames=[*(rows[0] if rows else ()), *machine])
         writer.writeheader()
         for row in rows:
             writer.writerow({**{k: f"{v:.6g}" if isinstance(v, float) else v for k, v in row.items()}, **machine})

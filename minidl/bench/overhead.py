@@ -42,7 +42,7 @@ from minidl.bench.loaders import (
     same_batch,
     text_table,
     timing,
-    write_rounds,
+    write_rows,
 )
 
 REQUIRES = ("torch", "psutil")
@@ -127,7 +127,7 @@ def run(session: Session) -> None:
                                baseline=not on, note="one epoch, worker start and shutdown included")
             session.log(f"[overhead] trace numpy, {backend}, {w} workers: throughput with / without "
                         f"{_trace_ratio(traced, w, backend):.3f}")
-    write_rounds(session.out / "overhead_rounds.csv", [
+    write_rows(session.out / "overhead_rounds.csv", [
         {"batch_size": bs, "workers": w, "method": b, "round": r, "per_batch_s": e.per_batch,
          "first_batch_s": e.first_batch}
         for (bs, w, b), epochs in per_batch.items() for r, e in enumerate(epochs)])
