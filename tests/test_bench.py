@@ -5,7 +5,6 @@ No test here asserts a speed: timings depend on the machine and on whatever else
 
 from __future__ import annotations
 
-import csv
 import importlib
 import io
 import math
@@ -20,11 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchtools import check_rows, read_csv, run_bench
 from hypothesis import given
 from hypothesis import strategies as st
 
 from minidl.bench import SUITES, Timing, is_quick, machine_info, machine_tag, time_it
-from minidl.bench.harness import COLUMNS, Row, fill_speedups, format_table, main, missing
+from minidl.bench.harness import Row, fill_speedups, format_table, main, missing
 from minidl.bench.kernels import (
     compile_numba,
     fetch_sample,
@@ -49,25 +49,6 @@ def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.Compl
     full_env = {k: v for k, v in os.environ.items() if k != "MINIDL_QUICK"} | (env or {})
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=full_env, capture_output=True,
                           text=True, timeout=100)
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        assert tuple(reader.fieldnames) == COLUMNS
-        return list(reader)
-
-
-def check_rows(rows: list[dict[str, str]]) -> None:
-    """Machine fields on every row, and every timing a positive number with min <= median <= max."""
-    assert rows
-    for row in rows:
-        for field in MACHINE_FIELDS:
-            assert row[field], f"{field} empty in {row}"
-        assert row["machine_tag"] == machine_tag()
-        median, low, high = float(row["median_s"]), float(row["min_s"]), float(row["max_s"])
-        assert 0 < low <= median <= high, row
-        assert int(row["repeats"]) >= 3 or row["method"].endswith("first call"), row
 
 
 # --- import hygiene ------------------------------------------------------------------------------
@@ -176,13 +157,11 @@ def test_io_and_monte_carlo_tasks_are_deterministic():
 
 @pytest.mark.slow
 def test_cli_runs_the_kernels_suite_in_quick_mode(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "minidl.bench", "kernels", "--quick", "--out", str(tmp_path)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=100,
-                            env={k: v for k, v in os.environ.items() if k != "MINIDL_QUICK"})
+    result = run_bench("kernels", "--quick", "--out", str(tmp_path), timeout=100)
     assert result.returncode == 0, result.stderr
     assert "mode: quick" in result.stdout
     rows = read_csv(tmp_path / "kernels.csv")
-    check_rows(rows)
+    check_rows(rows, first_calls=True)
     methods = {(r["task"], r["method"]) for r in rows}
     expected = {("cpu-normalise", m) for m in ("python serial", "threads", "pool", "numpy per sample",
                                                "numpy batch")}
@@ -216,7 +195,7 @@ def test_kernels_suite_runs_without_numba_matplotlib_or_torch(tmp_path):
     assert "skipped numba rows: numba not installed" in output
     assert "skipped plots: matplotlib not installed" in output
     rows = read_csv(tmp_path / "kernels.csv")
-    check_rows(rows)
+    check_rows(rows, first_calls=True)
     assert all(r["numba"] == "none" and r["torch"] == "none" for r in rows)
     assert not any("numba" in r["method"] for r in rows)
     assert not list(tmp_path.glob("*.png"))

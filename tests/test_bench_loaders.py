@@ -6,8 +6,6 @@ Both suites run once, in quick mode, into a temporary folder, through the same c
 
 from __future__ import annotations
 
-import csv
-import os
 import pickle
 import re
 import subprocess
@@ -16,36 +14,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from benchtools import check_rows, read_csv, run_bench
 
-from minidl.bench.harness import COLUMNS, missing
-from minidl.bench.machine import MACHINE_FIELDS, machine_tag
+from minidl.bench.harness import missing
+from minidl.bench.machine import MACHINE_FIELDS
 
 pytestmark = pytest.mark.skipif(bool(missing("torch", "psutil", "PIL")), reason="needs torch, psutil and Pillow")
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("python", "numpy", "images", "io")
-
-
-def read_csv(path: Path, columns: tuple[str, ...] | None = COLUMNS) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        if columns is not None:
-            assert tuple(reader.fieldnames) == columns
-        rows = list(reader)
-    assert rows
-    return rows
-
-
-def check_rows(rows: list[dict[str, str]]) -> None:
-    """The harness's schema: machine fields on every row, and 0 < min <= median <= max over >= 3 repeats."""
-    for row in rows:
-        for field in MACHINE_FIELDS:
-            assert row[field], f"{field} empty in {row}"
-        assert row["machine_tag"] == machine_tag()
-        median, low, high = float(row["median_s"]), float(row["min_s"]), float(row["max_s"])
-        assert 0 < low <= median <= high, row
-        assert int(row["repeats"]) >= 3, row
-        assert float(row["first_s"]) > 0, row
 
 
 def by_key(rows: list[dict[str, str]]) -> dict[tuple[str, str, int, int], dict[str, str]]:
@@ -57,15 +34,8 @@ def quick_run(tmp_path_factory) -> tuple[Path, str]:
     """Both suites in quick mode, in a fresh interpreter, with a fresh image cache; (out folder, output)."""
     out = tmp_path_factory.mktemp("bench")
     cache = tmp_path_factory.mktemp("cache")
-    # setdefault: the suites run the same way whether or not SUITES has registered them yet.
-    code = ("import minidl.bench as bench\n"
-            "bench.SUITES.setdefault('loaders', 'minidl.bench.loaders')\n"
-            "bench.SUITES.setdefault('overhead', 'minidl.bench.overhead')\n"
-            "from minidl.bench.harness import main\n"
-            f"raise SystemExit(main(['loaders', 'overhead', '--quick', '--out', {str(out)!r}]))\n")
-    env = {k: v for k, v in os.environ.items() if k != "MINIDL_QUICK"} | {"XDG_CACHE_HOME": str(cache)}
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
-                            timeout=280)
+    result = run_bench("loaders", "overhead", "--quick", "--out", str(out), timeout=280,
+                       env={"XDG_CACHE_HOME": str(cache)})
     assert result.returncode == 0, result.stderr
     assert (cache / "minidl" / "images-v1-quick").is_dir()
     return out, result.stdout + result.stderr

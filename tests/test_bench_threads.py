@@ -8,13 +8,11 @@ there its tests skip. No test here asserts a speed: only that every number is th
 from __future__ import annotations
 
 import csv
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from benchtools import read_csv, run_bench
 
 from minidl.bench.harness import COLUMNS, missing
 from minidl.bench.machine import MACHINE_FIELDS, machine_info, python_build
@@ -22,18 +20,10 @@ from minidl.bench.machine import MACHINE_FIELDS, machine_info, python_build
 pytestmark = pytest.mark.skipif(bool(missing("numpy", "psutil", "PIL", "tqdm")), reason="needs psutil and Pillow")
 needs_matplotlib = pytest.mark.skipif(bool(missing("matplotlib")), reason="the report's plots need matplotlib")
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = ("python", "numpy", "images", "io")
 PLOTS = [f"threads_speedup_{n}.png" for n in WORKLOADS] + ["threads_first_batch.png", "threads_memory.png"]
 SUITE_WORKLOADS = ("python", "python-shared", "numpy", "images", "io")  # what the suite itself measures
 SUITE_PLOTS = PLOTS + ["threads_speedup_python-shared.png"]
-
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    assert rows
-    return rows
 
 
 @pytest.mark.parametrize("side", [1, 4, 32])
@@ -56,9 +46,7 @@ def quick_run(tmp_path_factory) -> tuple[Path, str]:
     """The suite in quick mode, in a fresh interpreter like this one, with a fresh image cache; (out folder, output)."""
     out = tmp_path_factory.mktemp("bench")
     cache = tmp_path_factory.mktemp("cache")
-    env = {k: v for k, v in os.environ.items() if k != "MINIDL_QUICK"} | {"XDG_CACHE_HOME": str(cache)}
-    result = subprocess.run([sys.executable, "-m", "minidl.bench", "threads", "--quick", "--out", str(out)], cwd=ROOT,
-                            env=env, capture_output=True, text=True, timeout=100)
+    result = run_bench("threads", "--quick", "--out", str(out), timeout=100, env={"XDG_CACHE_HOME": str(cache)})
     assert result.returncode == 0, result.stderr
     return out, result.stdout + result.stderr
 
@@ -88,7 +76,7 @@ def test_threads_suite_measures_every_backend_workload_and_worker_count(quick_ru
         assert float(keyed[n, "serial", 0]["speedup"]) == pytest.approx(1.0)
         assert all(float(keyed[n, b, w]["speedup"]) > 0 for w in QUICK.workers[1:] for b in ("thread", "process"))
 
-    metrics = read_csv(out / "threads_metrics.csv")
+    metrics = read_csv(out / "threads_metrics.csv", columns=None)
     assert {(r["workload"], r["method"], int(r["workers"])) for r in metrics} == {
         (n, b, w) for n in SUITE_WORKLOADS for w in QUICK.workers for b in backends_for(w)}
     for r in metrics:
@@ -137,11 +125,11 @@ def test_report_merges_both_builds_and_draws_them_side_by_side(tmp_path, capsys)
     synthetic_run(tmp_path / "x86_64-2c-py3.13t-nogil", "free-threaded", "3.13.5")
     assert threads_report.main(["--results", str(tmp_path)]) == 0
     out = tmp_path / "threads"
-    merged = read_csv(out / "threads.csv")
+    merged = read_csv(out / "threads.csv", columns=None)  # plus the interpreter column
     assert len(merged) == 2 * 4 * 7
     assert {r["interpreter"] for r in merged} == {"GIL", "free-threaded"}
     assert all(r["interpreter"] == threads_report.interpreter(r) for r in merged)
-    metrics = read_csv(out / "threads_metrics.csv")
+    metrics = read_csv(out / "threads_metrics.csv", columns=None)
     up = threads_report.speedups(metrics)
     assert up["free-threaded", "python", "thread", 2] == pytest.approx(3.0)
     assert up["GIL", "python", "thread", 2] == pytest.approx(1.0)
