@@ -24,6 +24,7 @@ VENV=${1:-.venv-ft}
 CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/minidl
 FT_VERSION=${FT_VERSION:-3.13}
 FT_PREFIX=${FT_PREFIX:-$CACHE_ROOT/cpython-${FT_VERSION}t}
+BUILT=$FT_PREFIX/bin/python${FT_VERSION}t  # what a build from source (step 5) installs
 FT_JOBS=${FT_JOBS:-$(nproc 2>/dev/null || echo 2)}
 DEBIAN_SUITE=${FT_DEBIAN_SUITE:-$([[ $FT_VERSION == 3.13 ]] && echo trixie || echo forky)}
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,6 +49,11 @@ sys.exit(0 if ok else 1)
 EOF
 }
 
+# Whether an earlier run of this script finished a build into $FT_PREFIX (the marker is written last).
+earlier_build() {
+    [[ -f "$FT_PREFIX/.minidl-build-complete" ]] && is_free_threaded "$BUILT" >/dev/null
+}
+
 # --- 1-4: an interpreter that is already there, or that uv can give ----------------------------------
 find_python() {
     local candidate
@@ -63,9 +69,7 @@ find_python() {
         if [[ -n "$candidate" ]] && is_free_threaded "$candidate" >/dev/null; then PY=$candidate; return 0; fi
     done
     step "looking for an earlier build in $FT_PREFIX"
-    if [[ -f "$FT_PREFIX/.minidl-build-complete" ]] && is_free_threaded "$FT_PREFIX/bin/python${FT_VERSION}t" >/dev/null; then
-        PY=$FT_PREFIX/bin/python${FT_VERSION}t; return 0
-    fi
+    if earlier_build; then PY=$BUILT; return 0; fi
     step "looking for uv"
     if command -v uv >/dev/null; then
         candidate=$(uv python find ${FT_VERSION}t 2>/dev/null || true)
@@ -156,9 +160,9 @@ build_python() {
     logged make install
     cd "$REPO"
     grep -m1 -A1 "The necessary bits to build these optional modules were not found" "$LOG" | sed 's/^/    /' || true
-    is_free_threaded "$FT_PREFIX/bin/python${FT_VERSION}t" >/dev/null || die "$FT_PREFIX/bin/python${FT_VERSION}t is not free-threaded"
+    is_free_threaded "$BUILT" >/dev/null || die "$BUILT is not free-threaded"
     basename "$tarball" >"$FT_PREFIX/.minidl-build-complete"
-    PY=$FT_PREFIX/bin/python${FT_VERSION}t
+    PY=$BUILT
 }
 
 # --- the interpreter -------------------------------------------------------------------------------
@@ -170,8 +174,8 @@ if ! find_python; then
     exec 9>"$FT_PREFIX.lock"
     step "waiting for the build lock $FT_PREFIX.lock"
     flock 9
-    if [[ -f "$FT_PREFIX/.minidl-build-complete" ]] && is_free_threaded "$FT_PREFIX/bin/python${FT_VERSION}t" >/dev/null; then
-        PY=$FT_PREFIX/bin/python${FT_VERSION}t
+    if earlier_build; then
+        PY=$BUILT
     else
         build_python
     fi
