@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
 
 import minidl  # noqa: E402
-from minidl import toy  # noqa: E402
+from minidl.course import toy  # noqa: E402
 
 Point = collections.namedtuple("Point", ["x", "y"])
 

@@ -1,4 +1,4 @@
-"""minidl.exercises: the checkers pass the reference solutions and explain what is wrong with others."""
+"""minidl.course.exercises: the checkers pass the reference solutions and explain what is wrong with others."""
 
 import re
 import sys
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from minidl import toy
-from minidl.exercises import (
+from minidl.course import toy
+from minidl.course.exercises import (
     RecordingLoader,
     SortedBatchSampler,
     check_collate,

@@ -1,4 +1,4 @@
-"""minidl.padding against torch.nn.utils.rnn.pad_sequence: torch is the oracle."""
+"""minidl.course.padding against torch.nn.utils.rnn.pad_sequence: torch is the oracle."""
 
 import collections
 import functools
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch.nn.utils.rnn import pad_sequence as torch_pad_sequence
 
 import minidl
-from minidl.padding import pad_collate, pad_sequence
+from minidl.course.padding import pad_collate, pad_sequence
 
 Pair = collections.namedtuple("Pair", ["tokens", "label"])
 

@@ -24,7 +24,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  #
 
 import minidl  # noqa: E402
 import minidl.dataloader  # noqa: E402
-from minidl import toy  # noqa: E402
+from minidl.course import toy  # noqa: E402
 from minidl.pin_memory import _pin_memory_loop, pin_memory  # noqa: E402
 from minidl.worker import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper  # noqa: E402
 

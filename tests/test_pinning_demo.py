@@ -1,4 +1,4 @@
-"""minidl.pinning_demo: the fake pinnable batch behaves as torch's pin_memory expects, page locking, GPU results."""
+"""minidl.course.pinning_demo: a fake pinnable batch as torch's pin_memory expects it, page locking, GPU results."""
 
 from __future__ import annotations
 
@@ -14,9 +14,8 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  #
 
 import minidl  # noqa: E402
 import minidl.dataloader  # noqa: E402
-from minidl import toy  # noqa: E402
-from minidl.pin_memory import pin_memory  # noqa: E402
-from minidl.pinning_demo import (  # noqa: E402
+from minidl.course import toy  # noqa: E402
+from minidl.course.pinning_demo import (  # noqa: E402
     FakePinnable,
     fake_pinnable_collate,
     gpu_results,
@@ -24,6 +23,7 @@ from minidl.pinning_demo import (  # noqa: E402
     locked_bytes,
     page_faults,
 )
+from minidl.pin_memory import pin_memory  # noqa: E402
 
 
 def test_pin_memory_returns_a_pinned_copy_and_leaves_the_original():

@@ -1,4 +1,4 @@
-"""The deliberate mistakes of minidl/pitfalls.py: they must go wrong exactly as notebook 06 says."""
+"""The deliberate mistakes of minidl/course/pitfalls.py: they must go wrong exactly as notebook 06 says."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 import numpy as np
 import pytest
 
-from minidl import pitfalls
+from minidl.course import pitfalls
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minidl
-from minidl import toy
+from minidl.course import toy
 
 torch = pytest.importorskip("torch")
 

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 import minidl
-from minidl import toy
+from minidl.course import toy
 from minidl.trace import SPANS, Trace
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
 
 import minidl  # noqa: E402
-from minidl import toy  # noqa: E402
+from minidl.course import toy  # noqa: E402
 from minidl.worker import _generate_state  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leaks")

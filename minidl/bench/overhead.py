@@ -88,7 +88,7 @@ def batch_times(loader: Iterable) -> BatchTimes:
 
 def run(session: Session) -> None:
     """Time the per-batch cost, the start and the tracing overhead; print the ratios; save the plots."""
-    from minidl.toy import RangeDataset
+    from minidl.course.toy import RangeDataset
 
     sizes = QUICK if session.quick else FULL
     per_batch: dict[tuple[int, int, str], list[BatchTimes]] = {}

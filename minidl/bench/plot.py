@@ -15,8 +15,8 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from minidl.bench.harness import Timing, format_seconds
 from minidl.bench.machine import describe
+from minidl.bench.timing import Timing, format_seconds
 
 UNITS = {"s": 1.0, "ms": 1e-3, "µs": 1e-6}
 BAR = "#3b75af"

@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from minidl import toy
 from minidl._random import randperm
 from minidl.collate import default_collate
+from minidl.course import toy
 from minidl.dataloader import DataLoader
 from minidl.sampler import Batch, Sampler
 from minidl.worker import ExceptionWrapper
@@ -32,7 +32,7 @@ Sample = dict[str, Any]  # one item of make_token_samples: {"tokens": 1-d int64 
 
 
 def _torch():
-    import torch  # imported when a check runs: `import minidl.exercises` itself needs only NumPy
+    import torch  # imported when a check runs: `import minidl.course.exercises` itself needs only NumPy
 
     return torch
 
