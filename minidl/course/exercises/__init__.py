@@ -24,94 +24,12 @@ import numpy as np
 from minidl._random import randperm
 from minidl.collate import default_collate
 from minidl.course import toy
+from minidl.course.exercises._common import _Checks, _loaders, _torch, _type_name, first_difference  # noqa: F401
 from minidl.dataloader import DataLoader
 from minidl.sampler import Batch, Sampler
 from minidl.worker import ExceptionWrapper
 
 Sample = dict[str, Any]  # one item of make_token_samples: {"tokens": 1-d int64 array, "label": int}
-
-
-def _torch():
-    import torch  # imported when a check runs: `import minidl.course.exercises` itself needs only NumPy
-
-    return torch
-
-
-# --- comparing two batches ------------------------------------------------------------------------
-
-
-def first_difference(expected: Any, got: Any, where: str = "batch") -> str | None:
-    """Where ``got`` first differs from ``expected`` (type, keys, length, dtype, shape, value), in words.
-
-    Returns None when they are equal, leaf by leaf. Tensors and arrays must agree in dtype and shape;
-    dicts must have the same keys, in any order.
-
-    >>> first_difference({"x": [1, 2]}, {"x": [1, 3]})
-    "batch['x'][1] should be 2, but it is 3"
-    >>> first_difference((1, "a"), (1, "a")) is None
-    True
-    """
-    torch = _torch()
-    if type(got) is not type(expected):
-        return f"{where} should be {_type_name(expected)}, but it is {_type_name(got)}"
-    if isinstance(expected, torch.Tensor | np.ndarray):
-        if got.dtype != expected.dtype:
-            return f"{where} should have dtype {expected.dtype}, but it has dtype {got.dtype}"
-        if tuple(got.shape) != tuple(expected.shape):
-            return f"{where} should have shape {tuple(expected.shape)}, but it has shape {tuple(got.shape)}"
-        differs = (got != expected) if isinstance(got, np.ndarray) else (got != expected).numpy()
-        if differs.any():
-            pos = tuple(int(i) for i in np.argwhere(differs)[0])
-            return (f"{where}[{', '.join(map(str, pos))}] should be {expected[pos].item()!r}, "
-                    f"but it is {got[pos].item()!r}")
-        return None
-    if isinstance(expected, dict):
-        if set(got) != set(expected):  # the same keys, in any order
-            return f"{where} should have the keys {list(expected)}, but it has {list(got)}"
-        for key in expected:
-            found = first_difference(expected[key], got[key], f"{where}[{key!r}]")
-            if found:
-                return found
-        return None
-    if isinstance(expected, list | tuple):
-        if len(got) != len(expected):
-            return f"{where} should have {len(expected)} elements, but it has {len(got)}"
-        for i, (e, g) in enumerate(zip(expected, got)):
-            found = first_difference(e, g, f"{where}[{i}]")
-            if found:
-                return found
-        return None
-    if got != expected:
-        return f"{where} should be {expected!r}, but it is {got!r}"
-    return None
-
-
-def _type_name(obj: Any) -> str:
-    """``obj``'s type with an article: "a list", "an int", "a torch.Tensor"."""
-    t = type(obj)
-    name = t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
-
-
-def _loaders() -> tuple[tuple[str, type], ...]:
-    """minidl's DataLoader and torch's: an answer must work in both."""
-    return ("minidl.DataLoader", DataLoader), ("torch.utils.data.DataLoader", _torch().utils.data.DataLoader)
-
-
-class _Checks:
-    """Counts the checks that passed; ``fail`` raises the first mismatch with its case and a hint."""
-
-    def __init__(self) -> None:
-        self.passed = 0
-
-    def fail(self, case: str, problem: str, hint: str = "") -> None:
-        message = f"check {self.passed + 1} failed, for {case}:\n  {problem}"
-        if hint:
-            message += f"\n  Hint: {hint}"
-        raise AssertionError(message)
-
-    def done(self) -> None:
-        print(f"All {self.passed} checks passed")
 
 
 # --- ex01: a sampler ------------------------------------------------------------------------------
