@@ -127,11 +127,13 @@ def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | No
 
     torch = _torch()
     elem = batch[0]
-    if elem.is_nested:
-        raise RuntimeError("default_collate cannot batch nested tensors; pass your own collate_fn")
     sparse = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-    if elem.layout in sparse:
-        raise RuntimeError("default_collate cannot batch sparse tensors; pass your own collate_fn")
+    for kind, unsupported in (("nested", elem.is_nested), ("sparse", elem.layout in sparse)):
+        if unsupported:
+            raise RuntimeError(
+                f"Batches of {kind} tensors are not currently supported by the default collate_fn; "
+                "please provide a custom collate_fn to handle them appropriately."
+            )
     out = None
     info = get_worker_info()
     if info is not None and info.worker_method == "multiprocessing":
