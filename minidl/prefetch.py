@@ -74,12 +74,12 @@ class PrefetchLoader:
             device = torch.device("cpu")  # no GPU here: the same steps, on the CPU
         self.loader = loader
         self.device = device
-        self.img_dtype = torch.float16 if fp16 else img_dtype or torch.float32  # fp16 wins, as in timm
+        self.dtype = torch.float16 if fp16 else img_dtype or torch.float32  # fp16 wins, as in timm
         self.random_erasing = random_erasing
         shape = (1, channels, 1, 1)  # broadcasts over (N, C, H, W)
         # The statistics are for images in [0, 1]; scaling them by 255 normalises raw uint8 values directly.
-        self.mean = torch.tensor([m * 255 for m in _per_channel(mean, channels)], device=device, dtype=self.img_dtype)
-        self.std = torch.tensor([s * 255 for s in _per_channel(std, channels)], device=device, dtype=self.img_dtype)
+        self.mean = torch.tensor([m * 255 for m in _per_channel(mean, channels)], device=device, dtype=self.dtype)
+        self.std = torch.tensor([s * 255 for s in _per_channel(std, channels)], device=device, dtype=self.dtype)
         self.mean, self.std = self.mean.view(shape), self.std.view(shape)
 
     # NOTE [ Prefetching on a side stream ]
@@ -106,7 +106,7 @@ class PrefetchLoader:
                 next_images = next_images.to(self.device, non_blocking=True)
                 next_targets = next_targets.to(self.device, non_blocking=True)
                 # copy=True: on the CPU, .to() may hand back the loader's own tensor, and sub_ would overwrite it.
-                next_images = next_images.to(self.img_dtype, copy=True).sub_(self.mean).div_(self.std)
+                next_images = next_images.to(self.dtype, copy=True).sub_(self.mean).div_(self.std)
                 if self.random_erasing is not None:
                     next_images = self.random_erasing(next_images)
             if images is not None:
