@@ -50,6 +50,16 @@ def test_minidl_exports_every_name_torch_exports_for_the_loader():
     assert missing == datapipes | {"_DatasetKind"}
 
 
+def test_minidl_extras_are_torchs_own_one_level_down_or_documented_additions():
+    assert set(minidl.__all__) - set(tud.__all__) == {"WorkerInfo", "default_collate_fn_map", "numpy_collate"}
+    assert inspect.isclass(tud._utils.worker.WorkerInfo)
+    # The registry is torch's, entry for entry, with TorchTensor keying what torch keys by torch.Tensor.
+    ours = [(torch.Tensor if key is minidl.collate.TorchTensor else key, fn.__name__)
+            for key, fn in minidl.default_collate_fn_map.items()]
+    assert ours == [(key, fn.__name__) for key, fn in torch_collate.default_collate_fn_map.items()]
+    assert "torch-free" in minidl.numpy_collate.__doc__
+
+
 @pytest.mark.parametrize("name", SHARED)
 def test_signature_matches_torch(name):
     ours, theirs = parameters(getattr(minidl, name)), parameters(getattr(tud, name))
