@@ -18,6 +18,9 @@ from typing import Any, Generic, Iterable, TypeVar  # noqa: UP035
 
 from minidl._random import Generator, randperm
 
+__all__ = ["Dataset", "IterableDataset", "TensorDataset", "StackDataset", "ConcatDataset", "ChainDataset", "Subset",
+           "random_split"]  # torch's, in torch's order
+
 T_co = TypeVar("T_co", covariant=True)
 T_stack = TypeVar("T_stack", tuple[Any, ...], dict[str, Any])  # a StackDataset item: a tuple or a dict
 

@@ -15,6 +15,8 @@ from minidl import _random
 from minidl._random import make_generator, randperm
 from minidl.sampler import Sampler
 
+__all__ = ["DistributedSampler"]
+
 T_co = TypeVar("T_co", covariant=True)  # generic like torch's: DistributedSampler[int] subscripts
 
 

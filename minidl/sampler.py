@@ -15,6 +15,9 @@ import numpy as np
 
 from minidl._random import Generator, draw_seed, make_generator, multinomial, randint, randperm
 
+__all__ = ["BatchSampler", "RandomSampler", "Sampler", "SequentialSampler", "SubsetRandomSampler",
+           "WeightedRandomSampler"]
+
 T_co = TypeVar("T_co", covariant=True)
 Batch = list[int]  # one mini-batch of dataset indices
 
@@ -127,7 +130,8 @@ class WeightedRandomSampler(Sampler[int]):
 
     Unlike torch, bad ``weights`` (negative, infinite, NaN, or summing to 0) and a ``num_samples``
     larger than ``len(weights)`` without replacement raise at construction, naming the argument;
-    torch raises the same ``RuntimeError`` type only when the sampler is first iterated.
+    torch raises the same ``RuntimeError`` type only when the sampler is first iterated. ``weights``
+    is kept as a float64 NumPy array, where torch keeps a float64 tensor.
 
     >>> sorted(WeightedRandomSampler([0.0, 2.0, 0.0, 1.0], 2, replacement=False))
     [1, 3]

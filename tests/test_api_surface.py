@@ -8,6 +8,7 @@ Each documented difference is listed here with the reason, so a new one fails a 
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 
@@ -58,6 +59,13 @@ def test_minidl_extras_are_torchs_own_one_level_down_or_documented_additions():
             for key, fn in minidl.default_collate_fn_map.items()]
     assert ours == [(key, fn.__name__) for key, fn in torch_collate.default_collate_fn_map.items()]
     assert "torch-free" in minidl.numpy_collate.__doc__
+
+
+@pytest.mark.parametrize("module", ["dataset", "sampler", "distributed"])
+def test_each_module_exports_what_torchs_twin_exports(module):
+    ours = importlib.import_module(f"minidl.{module}")
+    theirs = importlib.import_module(f"torch.utils.data.{module}")
+    assert ours.__all__ == theirs.__all__
 
 
 @pytest.mark.parametrize("name", SHARED)
