@@ -38,6 +38,14 @@ def parameters(obj) -> list[tuple[str, str, object]]:
     return [(p.name, p.kind.name, p.default) for p in inspect.signature(obj).parameters.values()]
 
 
+def assert_binds_like_torch(ours: list, theirs: list, where: str) -> None:
+    """torch's parameters first, in torch's order; minidl may add keyword-only ones with a default
+    after them (DataLoader's), so every call written for torch binds the same way."""
+    assert ours[: len(theirs)] == theirs, where
+    for param, kind, default in ours[len(theirs) :]:
+        assert kind == "KEYWORD_ONLY" and default is not inspect.Parameter.empty, f"{where}: {param}"
+
+
 # --- signatures ----------------------------------------------------------------------------------
 
 
@@ -76,11 +84,7 @@ def test_signature_matches_torch(name):
             torch_default, minidl_default = DIFFERENT_DEFAULTS[name, param]
             assert default is torch_default
             theirs[i] = (param, kind, minidl_default)
-    # torch's parameters come first, in torch's order; minidl may add keyword-only ones with a
-    # default after them (DataLoader's), so every call written for torch binds the same way.
-    assert ours[: len(theirs)] == theirs
-    for param, kind, default in ours[len(theirs):]:
-        assert kind == "KEYWORD_ONLY" and default is not inspect.Parameter.empty, param
+    assert_binds_like_torch(ours, theirs, name)
 
 
 @pytest.mark.parametrize("name", SHARED_CLASSES)
@@ -91,15 +95,15 @@ def test_methods_match_torch(name):
                                                   "__getitems__", "__add__", "__repr__"):
             continue
         if (name, attr) in LEFT_OUT:
-            assert not hasattr(ours, attr)
+            assert not hasattr(ours, attr) and attr in ours.__doc__, f"{name}.{attr}: left out, and said so"
             continue
         assert hasattr(ours, attr), f"{name}.{attr}"
         if isinstance(value, property):
             assert isinstance(inspect.getattr_static(ours, attr), property), f"{name}.{attr}"
         elif callable(value) or isinstance(value, staticmethod):
-            assert isinstance(inspect.getattr_static(ours, attr), type(value)), f"{name}.{attr}"
-            ours_params, theirs_params = parameters(getattr(ours, attr)), parameters(getattr(theirs, attr))
-            assert ours_params[: len(theirs_params)] == theirs_params, f"{name}.{attr}"
+            where = f"{name}.{attr}"
+            assert isinstance(inspect.getattr_static(ours, attr), type(value)), where
+            assert_binds_like_torch(parameters(getattr(ours, attr)), parameters(getattr(theirs, attr)), where)
 
 
 COLLATE_FUNCTIONS = ["collate", "collate_tensor_fn", "collate_numpy_array_fn", "collate_numpy_scalar_fn",
@@ -133,7 +137,7 @@ def subscripts(cls) -> bool:
     return True
 
 
-# DataLoader[int] is the loader core's to add (issue #13); its test lives in test_dataloader.py.
+# DataLoader[int] belongs to the loader core's part of issue #13 (dataloader.py) and is tested there.
 @pytest.mark.parametrize("name", [n for n in SHARED_CLASSES if n != "DataLoader"])
 def test_subscriptable_exactly_where_torch_is(name):
     ours, theirs = getattr(minidl, name), getattr(tud, name)
@@ -341,6 +345,11 @@ def test_bad_argument_raises_like_torch(call, shared_prefix, argument):
         assert argument in ours_text
     else:
         assert ours_text == theirs_text
+
+
+def test_message_differences_are_documented_where_the_reader_looks():
+    assert "at construction" in minidl.WeightedRandomSampler.__doc__  # EARLY
+    assert "or pass num_replicas and rank" in minidl.DistributedSampler.__doc__  # HINT
 
 
 def test_no_process_group_was_left_initialised():
