@@ -61,7 +61,8 @@ class PrefetchLoader:
     normalised device batch), if given. The parameters come in timm's order; where timm differs:
     ``random_erasing`` takes any callable instead of timm's ``re_prob``/``re_mode``/``re_count``/
     ``re_num_splits``, a ``mean``/``std`` of the wrong length raises ``ValueError`` (timm averages
-    it with a warning), and ``device="cuda"`` without CUDA falls back to the CPU.
+    it with a warning), ``device="cuda"`` without CUDA falls back to the CPU, and there is no
+    ``mixup_enabled`` (timm's switch for its ``FastCollateMixup``, which minidl does not have).
     """
 
     def __init__(self, loader: Iterable[Batch], mean: float | Sequence[float] = IMAGENET_DEFAULT_MEAN,
