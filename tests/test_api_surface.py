@@ -2,7 +2,8 @@
 
 Four checks, each run on both libraries: signatures (``inspect.signature``), which classes subscript
 (``Dataset[int]``), the exception for every bad argument torch rejects (same type; same message, or
-where minidl documents a difference, a shared prefix or the argument's name), and ``repr``s.
+where minidl documents a difference, a shared prefix or the argument's name; hypothesis then tries
+any value for the validated arguments), and ``repr``s.
 Each documented difference is listed here with the reason, so a new one fails a test.
 """
 
@@ -14,6 +15,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
@@ -345,6 +348,38 @@ def test_bad_argument_raises_like_torch(call, shared_prefix, argument):
         assert argument in ours_text
     else:
         assert ours_text == theirs_text
+
+
+def outcome(call, m):
+    """What ``call(m)`` does: ("ok", len) or (exception type, message)."""
+    try:
+        return "ok", len(call(m))
+    except Exception as e:  # noqa: BLE001 - any exception is an outcome to compare
+        return type(e), strip_modules(str(e))
+
+
+ANY_VALUE = st.one_of(st.integers(-3, 40), st.floats(-2, 40), st.booleans(), st.none(), st.text(max_size=2))
+ARGUMENTS = {
+    "BatchSampler(batch_size)": lambda v: lambda m: m.BatchSampler(range(7), v, False),
+    "BatchSampler(drop_last)": lambda v: lambda m: m.BatchSampler(range(7), 2, v),
+    "RandomSampler(replacement)": lambda v: lambda m: m.RandomSampler(range(7), replacement=v),
+    "RandomSampler(num_samples)": lambda v: lambda m: m.RandomSampler(range(7), True, num_samples=v),
+    "WeightedRandomSampler(num_samples)": lambda v: lambda m: m.WeightedRandomSampler([1.0] * 7, v),
+    "WeightedRandomSampler(replacement)": lambda v: lambda m: m.WeightedRandomSampler([1.0] * 7, 3, v),
+    "DistributedSampler(num_replicas)": lambda v: lambda m: m.DistributedSampler(range(7), v, 0),
+    "DistributedSampler(rank)": lambda v: lambda m: m.DistributedSampler(range(7), 3, v),
+    "DataLoader(batch_size)": lambda v: lambda m: m.DataLoader(range(7), batch_size=v),
+}
+
+
+@pytest.mark.parametrize("argument", ARGUMENTS)
+@settings(max_examples=60, deadline=None)
+@given(value=ANY_VALUE)
+def test_any_value_is_accepted_or_refused_like_torch(argument, value):
+    # None asks torch.distributed for the value: the documented HINT row above covers that case.
+    assume(not (argument.startswith("DistributedSampler") and value is None))
+    call = ARGUMENTS[argument](value)
+    assert outcome(call, minidl) == outcome(call, tud)
 
 
 def test_message_differences_are_documented_where_the_reader_looks():
