@@ -47,6 +47,7 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
     """Collate ``batch`` by the type of its first sample: a registered leaf function, else recurse.
 
     Leaf functions are looked up by exact type first, then by ``isinstance`` in insertion order.
+    A minidl addition: an error inside a sample gains a note saying where, ``while collating sample['x'][0]``.
     """
     elem = batch[0]
     elem_type = type(elem)
@@ -127,11 +128,13 @@ def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | No
 
     torch = _torch()
     elem = batch[0]
-    if elem.is_nested:
-        raise RuntimeError("default_collate cannot batch nested tensors; pass your own collate_fn")
     sparse = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
-    if elem.layout in sparse:
-        raise RuntimeError("default_collate cannot batch sparse tensors; pass your own collate_fn")
+    if elem.is_nested or elem.layout in sparse:
+        kind = "nested" if elem.is_nested else "sparse"
+        raise RuntimeError(
+            f"Batches of {kind} tensors are not currently supported by the default collate_fn; "
+            "please provide a custom collate_fn to handle them appropriately."
+        )
     out = None
     info = get_worker_info()
     if info is not None and info.worker_method == "multiprocessing":

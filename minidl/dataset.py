@@ -10,12 +10,19 @@ import bisect
 import itertools
 import math
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Generic, TypeVar
+from collections.abc import Iterator, Sequence
+
+# Iterable from typing, as torch imports it: IterableDataset's bases then put collections.abc.Iterable
+# ahead of Generic, so a non-generic subclass such as ChainDataset still subscripts (ChainDataset[int]).
+from typing import Any, Generic, Iterable, TypeVar  # noqa: UP035
 
 from minidl._random import Generator, randperm
 
+__all__ = ["Dataset", "IterableDataset", "TensorDataset", "StackDataset", "ConcatDataset", "ChainDataset", "Subset",
+           "random_split"]  # torch's, in torch's order
+
 T_co = TypeVar("T_co", covariant=True)
+T_stack = TypeVar("T_stack", tuple[Any, ...], dict[str, Any])  # a StackDataset item: a tuple or a dict
 
 
 class Dataset(Generic[T_co]):
@@ -78,14 +85,14 @@ def _fetch_many(dataset: Any, indices: list) -> list:
     return [dataset[i] for i in indices]
 
 
-class StackDataset(Dataset):
+class StackDataset(Dataset[T_stack]):
     """Zips equally long datasets: ``StackDataset(a, b)[i] == (a[i], b[i])``, or a dict with keywords.
 
     >>> StackDataset(range(3), "abc")[1], StackDataset(x=range(3), y="abc")[2]
     ((1, 'b'), {'x': 2, 'y': 'c'})
     """
 
-    def __init__(self, *args: Dataset, **kwargs: Dataset) -> None:
+    def __init__(self, *args: Dataset[T_co], **kwargs: Dataset[T_co]) -> None:
         if args and kwargs:
             raise ValueError(
                 "Supported either ``tuple``- (via ``args``) or ``dict``- (via ``kwargs``) like "
@@ -117,6 +124,8 @@ class StackDataset(Dataset):
 
 class ConcatDataset(Dataset[T_co]):
     """Map-style datasets end to end: indices run through the first, then the second, and so on.
+
+    torch's deprecated misspelling ``cummulative_sizes`` is left out: use ``cumulative_sizes``.
 
     >>> ds = ConcatDataset([range(3), range(10, 12)])
     >>> len(ds), ds[3], ds[-1], ds.cumulative_sizes
@@ -195,7 +204,8 @@ class Subset(Dataset[T_co]):
         if cls.__getitem__ is not Subset.__getitem__ and cls.__getitems__ is Subset.__getitems__:
             raise NotImplementedError(
                 f"{cls.__name__} overrides __getitem__ but not __getitems__. When subclassing Subset "
-                "and overriding __getitem__, you must also override __getitems__, e.g.\n\n"
+                "and overriding __getitem__, you must also override __getitems__ to ensure DataLoader "
+                "works correctly with your custom logic. A simple implementation:\n\n"
                 "def __getitems__(self, indices):\n"
                 "    return [self.__getitem__(idx) for idx in indices]"
             )
@@ -219,6 +229,9 @@ def random_split(
     dataset: Dataset[T_co], lengths: Sequence[int | float], generator: Generator = None
 ) -> list[Subset[T_co]]:
     """Split ``dataset`` into non-overlapping random ``Subset``s of the given lengths (or fractions).
+
+    minidl's default is ``generator=None`` where torch's is ``torch.default_generator``: the same
+    global stream, named without importing torch. A NumPy ``Generator`` also works (a minidl addition).
 
     >>> [len(s) for s in random_split(range(10), [0.5, 0.3, 0.2])]
     [5, 3, 2]

@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sized
+from typing import TypeVar
 
 from minidl import _random
 from minidl._random import make_generator, randperm
 from minidl.sampler import Sampler
+
+__all__ = ["DistributedSampler"]
+
+T_co = TypeVar("T_co", covariant=True)  # generic like torch's: DistributedSampler[int] subscripts
 
 
 def _process_group() -> object:
@@ -31,8 +36,11 @@ def _process_group() -> object:
     return dist
 
 
-class DistributedSampler(Sampler[int]):
+class DistributedSampler(Sampler[T_co]):
     """Yields the indices that belong to ``rank``; call ``set_epoch`` each epoch to reshuffle.
+
+    Without a process group, leaving out ``num_replicas`` or ``rank`` raises torch's ``ValueError``,
+    whose message minidl ends with a hint: "..., or pass num_replicas and rank."
 
     With 10 items over 3 replicas each rank gets 4: the order is padded with its own head, [0, 1].
 
@@ -77,7 +85,7 @@ class DistributedSampler(Sampler[int]):
         self.shuffle = shuffle
         self.seed = seed
 
-    def __iter__(self) -> Iterator[int]:
+    def __iter__(self) -> Iterator[T_co]:
         n = len(self.dataset)
         if self.shuffle:
             # Same seed and epoch on every rank, so all ranks agree on one permutation.

@@ -27,6 +27,7 @@ def fast_collate(batch: Sequence[tuple[Any, int]], *, channels_last: bool = Fals
     Images are uint8 NumPy arrays or tensors, ``(C, H, W)`` or ``(H, W)``; with ``channels_last=True``
     they are ``(H, W, C)``, as ``np.asarray(pil_image)`` gives them. Use it as a DataLoader's
     ``collate_fn`` (``functools.partial(fast_collate, channels_last=True)`` for the second kind).
+    ``channels_last`` is a minidl addition; timm's tuple-of-images samples are not supported.
 
     >>> images, targets = fast_collate([(np.full((2, 2, 3), i, np.uint8), i) for i in range(4)], channels_last=True)
     >>> images.shape, images.dtype, targets.tolist()
@@ -55,21 +56,26 @@ def _as_chw(image: np.ndarray | torch.Tensor, channels_last: bool) -> np.ndarray
 class PrefetchLoader:
     """Wrap a loader of uint8 ``(images, targets)`` batches; yield them on ``device``, normalised, one batch ahead.
 
-    Each image becomes ``(x - mean * 255) / (std * 255)`` in float32 (float16 with ``fp16=True``),
-    then goes through ``random_erasing`` (a callable on the normalised device batch), if given.
+    Each image becomes ``(x - mean * 255) / (std * 255)`` in ``img_dtype`` (float32 by default;
+    ``fp16=True`` means float16), then goes through ``random_erasing`` (a callable on the
+    normalised device batch), if given. The parameters come in timm's order; where timm differs:
+    ``random_erasing`` takes any callable instead of timm's ``re_prob``/``re_mode``/``re_count``/
+    ``re_num_splits``, a ``mean``/``std`` of the wrong length raises ``ValueError`` (timm averages
+    it with a warning), ``device="cuda"`` without CUDA falls back to the CPU, and there is no
+    ``mixup_enabled`` (timm's switch for its ``FastCollateMixup``, which minidl does not have).
     """
 
-    def __init__(self, loader: Iterable[Batch], device: str | torch.device = "cuda",
-                 mean: float | Sequence[float] = IMAGENET_DEFAULT_MEAN,
-                 std: float | Sequence[float] = IMAGENET_DEFAULT_STD, fp16: bool = False,
-                 random_erasing: Callable[[torch.Tensor], torch.Tensor] | None = None, channels: int = 3) -> None:
+    def __init__(self, loader: Iterable[Batch], mean: float | Sequence[float] = IMAGENET_DEFAULT_MEAN,
+                 std: float | Sequence[float] = IMAGENET_DEFAULT_STD, channels: int = 3,
+                 device: str | torch.device = "cuda", img_dtype: torch.dtype | None = None, fp16: bool = False,
+                 random_erasing: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         device = torch.device(device)
         self.is_cuda = device.type == "cuda" and torch.cuda.is_available()
         if device.type == "cuda" and not self.is_cuda:
             device = torch.device("cpu")  # no GPU here: the same steps, on the CPU
         self.loader = loader
         self.device = device
-        self.dtype = torch.float16 if fp16 else torch.float32
+        self.dtype = torch.float16 if fp16 else img_dtype or torch.float32  # fp16 wins, as in timm
         self.random_erasing = random_erasing
         shape = (1, channels, 1, 1)  # broadcasts over (N, C, H, W)
         # The statistics are for images in [0, 1]; scaling them by 255 normalises raw uint8 values directly.

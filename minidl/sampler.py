@@ -3,6 +3,7 @@
 Mirrors ``torch/utils/data/sampler.py``. A sampler only yields integers (or lists of them); it never
 touches the data. Random draws go through ``minidl._random`` so that, with torch installed and the
 same seed, every sampler yields exactly the order torch's does; without torch NumPy draws instead.
+A minidl addition: any ``generator=`` here may also be a ``numpy.random.Generator``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Generic, TypeVar
 import numpy as np
 
 from minidl._random import Generator, draw_seed, make_generator, multinomial, randint, randperm
+
+__all__ = ["BatchSampler", "RandomSampler", "Sampler", "SequentialSampler", "SubsetRandomSampler",
+           "WeightedRandomSampler"]
 
 T_co = TypeVar("T_co", covariant=True)
 Batch = list[int]  # one mini-batch of dataset indices
@@ -124,6 +128,11 @@ class SubsetRandomSampler(Sampler[int]):
 class WeightedRandomSampler(Sampler[int]):
     """Yields ``num_samples`` indices of ``weights``, each drawn with probability proportional to its weight.
 
+    Unlike torch, bad ``weights`` (negative, infinite, NaN, or summing to 0) and a ``num_samples``
+    larger than ``len(weights)`` without replacement raise at construction, naming the argument;
+    torch raises the same ``RuntimeError`` type only when the sampler is first iterated. ``weights``
+    is kept as a float64 NumPy array, where torch keeps a float64 tensor.
+
     >>> sorted(WeightedRandomSampler([0.0, 2.0, 0.0, 1.0], 2, replacement=False))
     [1, 3]
     """
@@ -149,8 +158,7 @@ class WeightedRandomSampler(Sampler[int]):
             raise ValueError(
                 f"weights should be a 1d sequence but given weights have shape {weights_array.shape}"
             )
-        # torch only finds bad weights when torch.multinomial runs, at iteration. We check here,
-        # at construction, raising the same RuntimeError but with a message that names `weights`.
+        # torch only finds bad weights when torch.multinomial runs, at iteration: see the docstring.
         bad = np.flatnonzero(~np.isfinite(weights_array) | (weights_array < 0))
         if bad.size:
             i = int(bad[0])

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidl._random
+import minidl.dataset
 from minidl.dataset import (
     ChainDataset,
     ConcatDataset,
@@ -88,6 +89,19 @@ def test_base_classes():
     assert isinstance(Squares(2) + Squares(3), ConcatDataset)
     assert isinstance(Count(0, 2) + Count(5, 7), ChainDataset)
     assert list(Count(0, 2) + Count(5, 7)) == [0, 1, 5, 6]
+
+
+@needs_torch
+def test_generic_exactly_where_torch_is():
+    # Dataset[T] in a type hint or a subclass, as torch's docs write it. ChainDataset is no generic
+    # class in either library, yet subscripts: through collections.abc.Iterable, ahead of Generic.
+    for name in ["Dataset", "IterableDataset", "StackDataset", "ConcatDataset", "Subset", "ChainDataset"]:
+        assert getattr(minidl.dataset, name)[int] is not None, name
+    with pytest.raises(TypeError):
+        TensorDataset[int]
+    with pytest.raises(TypeError):
+        tud.TensorDataset[int]
+    assert StackDataset[tuple].__args__ == tud.StackDataset[tuple].__args__ == (tuple,)
 
 
 # --- TensorDataset -------------------------------------------------------------------------------
@@ -200,8 +214,13 @@ def test_subset_subclass_must_override_getitems():
         def __getitem__(self, idx):
             return 2 * super().__getitem__(idx)
 
-    with pytest.raises(NotImplementedError, match="__getitems__"):
+    with pytest.raises(NotImplementedError, match="__getitems__") as ours:
         Doubled(range(5), [1, 2])
+    if tud is not None:  # word for word torch's message, the class name included
+        TorchDoubled = type("Doubled", (tud.Subset,), {"__getitem__": Doubled.__getitem__})
+        with pytest.raises(NotImplementedError) as theirs:
+            TorchDoubled(range(5), [1, 2])
+        assert str(ours.value) == str(theirs.value)
 
     class Fine(Doubled):
         def __getitems__(self, indices):

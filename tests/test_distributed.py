@@ -105,10 +105,19 @@ def test_invalid_rank(num_replicas, rank):
 @pytest.mark.parametrize("kwargs", [{}, {"num_replicas": 2}, {"rank": 0}])
 def test_without_process_group_raises_like_torch(kwargs):
     assert not dist.is_initialized()
-    with pytest.raises(ValueError, match="num_replicas"):
+    with pytest.raises(ValueError, match="num_replicas") as ours:
         DistributedSampler(range(4), **kwargs)
-    with pytest.raises(ValueError, match="init_process_group"):
+    with pytest.raises(ValueError, match="init_process_group") as theirs:
         tud.DistributedSampler(range(4), **kwargs)
+    # torch's message, then minidl's hint in place of its full stop.
+    assert str(ours.value) == str(theirs.value).removesuffix(".") + ", or pass num_replicas and rank."
+
+
+@needs_torch
+def test_generic_like_torch():
+    assert tud.DistributedSampler[int] is not None  # torch's is Sampler[_T_co], so it subscripts
+    assert DistributedSampler[int].__origin__ is DistributedSampler
+    assert DistributedSampler[int](range(4), num_replicas=2, rank=1).__class__ is DistributedSampler
 
 
 @needs_torch

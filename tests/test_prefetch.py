@@ -49,6 +49,27 @@ def test_cpu_fallback_normalises_like_the_formula(device):
         np.testing.assert_allclose(images.cpu().numpy(), normalise_by_hand(raw), rtol=1e-6, atol=1e-6)
 
 
+def test_parameters_come_in_timms_order():
+    # timm's PrefetchLoader(loader, mean, std, channels, device, img_dtype, fp16, re_...): a positional
+    # call written for timm must bind the same way here. random_erasing replaces timm's re_* knobs.
+    import inspect
+
+    names = list(inspect.signature(PrefetchLoader).parameters)
+    assert names == ["loader", "mean", "std", "channels", "device", "img_dtype", "fp16", "random_erasing"]
+    (images, _), = PrefetchLoader(uint8_batches(1, shape=(2, 4, 4)), (0.5, 0.5), (0.25, 0.25), 2, "cpu")
+    assert images.shape[1] == 2
+
+
+@pytest.mark.parametrize(("img_dtype", "fp16", "expected"), [
+    (None, False, torch.float32), (torch.float64, False, torch.float64), (torch.float64, True, torch.float16),
+])
+def test_img_dtype_sets_the_output_dtype_and_fp16_overrides_it_as_in_timm(img_dtype, fp16, expected):
+    batches = uint8_batches(2)
+    for (images, _), (raw, _) in zip(PrefetchLoader(batches, device="cpu", img_dtype=img_dtype, fp16=fp16), batches):
+        assert images.dtype == expected
+        np.testing.assert_allclose(images.double().numpy(), normalise_by_hand(raw), rtol=2e-3, atol=2e-3)
+
+
 def test_fp16_gives_half_precision_close_to_the_float32_formula():
     batches = uint8_batches()
     for (images, _), (raw, _) in zip(PrefetchLoader(batches, device="cpu", fp16=True), batches):
@@ -63,10 +84,11 @@ def test_custom_statistics_scalar_and_per_channel():
     for mean, std in [(0.5, 0.25), ((0.1, 0.9), (0.3, 0.6))]:
         m = np.broadcast_to(mean, (2,))
         s = np.broadcast_to(std, (2,))
-        for (images, _), (raw, _) in zip(PrefetchLoader(batches, "cpu", mean=mean, std=std, channels=2), batches):
+        prefetcher = PrefetchLoader(batches, mean=mean, std=std, channels=2, device="cpu")
+        for (images, _), (raw, _) in zip(prefetcher, batches):
             np.testing.assert_allclose(images.numpy(), normalise_by_hand(raw, m, s), rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="expected 3 per-channel values, got 2"):
-        PrefetchLoader(batches, "cpu", mean=(0.1, 0.2))
+        PrefetchLoader(batches, mean=(0.1, 0.2), device="cpu")
 
 
 def test_every_batch_exactly_once_in_order_one_batch_ahead():
