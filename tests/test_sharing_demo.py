@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.utils.data  # noqa: E402
+from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
 
 import minidl  # noqa: E402
 from minidl.course.sharing_demo import (  # noqa: E402
@@ -22,7 +22,7 @@ from minidl.course.sharing_demo import (  # noqa: E402
     wait_for,
 )
 
-LOADERS = {"minidl": minidl.DataLoader, "torch": torch.utils.data.DataLoader}
+LOADERS = {"minidl": minidl.DataLoader, "torch": TorchDataLoader}
 
 
 def test_block_dataset_samples_have_the_size_and_value_asked_for():
