@@ -1,15 +1,18 @@
-"""The deliberate mistakes of minidl/course/pitfalls.py: they must go wrong exactly as notebook 06 says."""
+"""The deliberate mistakes of minidl/course/pitfalls.py: they must go wrong exactly as notebooks 06 and 12 say."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import random
+import signal
+import sys
+import time
 
 import numpy as np
 import pytest
 
-from minidl.course import pitfalls
+from minidl.course import pitfalls, toy
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -40,3 +43,150 @@ def test_forked_processes_repeat_numpy_and_torch_draws_but_not_python_random():
     if "torch" in draws[0]:
         assert all(d["torch"] == draws[0]["torch"] for d in draws)
     assert len({tuple(d["random"]) for d in draws}) == 4  # random reseeds itself after fork
+
+
+# --- notebook 12: each reproduction behaves as the notebook says ---------------------------------------
+
+
+def test_name_datasets_return_the_same_items():
+    names = pitfalls.file_names(1000)
+    as_list, as_array = pitfalls.NameListDataset(names), pitfalls.NameArrayDataset(names)
+    assert len(as_list) == len(as_array) == 1000
+    assert [as_list[i] for i in range(1000)] == [as_array[i] for i in range(1000)] == [len(n) for n in names]
+
+
+@pytest.mark.timeout(120)
+def test_list_of_str_workers_copy_the_list_and_array_workers_do_not():
+    names = pitfalls.file_names(200_000)
+    list_bytes = sum(sys.getsizeof(n) for n in names)  # the str objects a worker would copy
+    runs = {cls: pitfalls.worker_memory_over_epoch(cls(names), num_workers=2, batch_size=512)
+            for cls in (pitfalls.NameListDataset, pitfalls.NameArrayDataset)}
+    pss = {cls: [w[-1] - w[0] for w in r["pss"]] for cls, r in runs.items()}
+    uss = {cls: [w[-1] - w[0] for w in r["uss"]] for cls, r in runs.items()}
+    mb = list_bytes / pitfalls.MB
+    assert all(g > 0.5 * mb for g in uss[pitfalls.NameListDataset])  # most of the list became private
+    assert all(g < 0.2 * mb for g in uss[pitfalls.NameArrayDataset])
+    assert min(pss[pitfalls.NameListDataset]) > 5 * max(max(pss[pitfalls.NameArrayDataset]), 0.5)
+    assert runs[pitfalls.NameListDataset]["fraction"][-1] == 1.0
+
+
+@pytest.mark.timeout(120)
+def test_file_descriptor_strategy_runs_out_of_files_and_file_system_does_not():
+    fd = pitfalls.run_child(["open_files", "file_descriptor", "128"], timeout=100)
+    fs = pitfalls.run_child(["open_files", "file_system", "128"], timeout=100)
+    assert fd["returncode"] == 0 and fs["returncode"] == 0, fd["stderr"] + fs["stderr"]
+    assert "Too many open files" in fd["result"]["torch"]["error"]
+    assert "set_sharing_strategy('file_system')" in fd["result"]["torch"]["error"]
+    assert fd["result"]["minidl"]["error"] is not None
+    assert all(r["kept"] < 64 for r in fd["result"].values())  # two descriptors per kept batch, 128 allowed
+    assert fs["result"] == {lib: {"kept": 300, "error": None} for lib in ("torch", "minidl")}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("workers", "prefetch"), [(1, 1), (2, 2), (2, 3)])
+def test_shared_memory_in_flight_is_workers_times_prefetch_plus_the_held_batch(workers, prefetch):
+    r = pitfalls.shm_in_flight(num_workers=workers, prefetch_factor=prefetch, batch_size=8, shape=(3, 16, 16))
+    assert r["batch_bytes"] == 8 * 3 * 16 * 16 * 4 + 8 * 8  # float32 images, int64 labels
+    assert r["segments"] == 2 * (workers * prefetch + 1)
+    assert r["shared_bytes"] == (workers * prefetch + 1) * r["batch_bytes"]
+
+
+def test_torch_names_shared_memory_in_its_bus_error_message():
+    texts = pitfalls.torch_bus_error_text()
+    assert any("bus error" in t and "insufficient shared memory" in t for t in texts)
+
+
+@pytest.mark.timeout(60)
+def test_writing_a_page_with_nothing_behind_it_is_a_bus_error():
+    run = pitfalls.run_child(["bus_error"], timeout=30)
+    assert run["returncode"] == -signal.SIGBUS
+    assert "Bus error" in run["stderr"] and run["result"] is None
+
+
+@pytest.mark.timeout(200)
+def test_spawn_without_the_main_guard_fails_and_with_it_works():
+    unguarded = pitfalls.run_script("minidl.course.spawn_unguarded", timeout=90)
+    assert unguarded.returncode != 0
+    assert "RuntimeError" in unguarded.stderr and "bootstrapping phase" in unguarded.stderr
+    assert "exited unexpectedly" in unguarded.stderr
+    guarded = pitfalls.run_script("minidl.course.spawn_guarded", timeout=90)
+    assert guarded.returncode == 0, guarded.stderr
+    assert guarded.stdout.strip() == "batches: 2"
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_blocks_on_a_lock_held_at_fork_time_and_a_spawned_one_does_not():
+    fork = pitfalls.run_child(["fork_lock", "fork", "2"], timeout=60)
+    spawn = pitfalls.run_child(["fork_lock", "spawn", "2"], timeout=60)
+    assert fork["result"] == {"method": "fork", "hung": True, "exitcode": -signal.SIGKILL}
+    assert spawn["result"] == {"method": "spawn", "hung": False, "exitcode": 0}
+
+
+def _alive_in_group(pgid: int) -> list[int]:
+    import psutil
+
+    alive = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
+@pytest.mark.timeout(60)
+def test_run_child_kills_the_whole_group_when_it_overstays():
+    # fork_lock with a 30 s wait runs past a 3 s limit; its own forked child must go too.
+    run = pitfalls.run_child(["fork_lock", "fork", "30"], timeout=3)
+    assert run["timed_out"] and run["result"] is None
+    deadline = time.monotonic() + 5
+    while _alive_in_group(run["pid"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _alive_in_group(run["pid"]) == []  # dead (a zombie at most, until init reaps it)
+
+
+def test_decode_like_samples_are_deterministic_and_waiting_ones_match_without_the_blur():
+    a, b = pitfalls.DecodeLikeDataset(4, size=16), pitfalls.DecodeLikeDataset(4, size=16)
+    img, label = a[3]
+    assert img.shape == (16, 16, 3) and img.dtype == np.uint8 and label == 3
+    assert np.array_equal(img, b[3][0])
+    waiting = pitfalls.WaitingDataset(4, size=16, delay=0.0)
+    assert np.array_equal(waiting[2][0], pitfalls.DecodeLikeDataset(4, size=16, rounds=0)[2][0])
+    with pytest.raises(IndexError):
+        a[4]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_train_throughput_feeds_every_batch_to_the_trainer(workers):
+    from minidl.course.train import Trainer
+
+    trainer = Trainer(channels=3, classes=10, seed=0)
+    rate = pitfalls.train_throughput(pitfalls.DecodeLikeDataset(40, size=16, rounds=1), workers, batch_size=8,
+                                     trainer=trainer)
+    assert rate > 0 and trainer.steps == 5
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("persistent", [False, True])
+def test_workers_are_started_every_epoch_unless_persistent(persistent):
+    rows = pitfalls.epoch_times(persistent, epochs=3, method="fork")
+    pids = [tuple(r["worker_pids"]) for r in rows]
+    if persistent:
+        assert len(set(pids)) == 1
+    else:
+        assert len({p for epoch in pids for p in epoch}) == 3 * 2  # new workers, new pids, each epoch
+    assert all(0 < r["first_batch_s"] <= r["epoch_s"] for r in rows)
+
+
+@pytest.mark.timeout(60)
+def test_an_unsharded_iterable_is_repeated_per_worker_and_both_fixes_shard_it():
+    from minidl import DataLoader
+
+    def seen(dataset, **kwargs):
+        return sorted(int(x) for batch in DataLoader(dataset, batch_size=4, num_workers=3, **kwargs) for x in batch)
+
+    assert seen(toy.UnshardedRange(0, 10)) == sorted(list(range(10)) * 3)
+    assert seen(toy.ShardedRange(0, 10)) == list(range(10))
+    assert seen(toy.UnshardedRange(0, 10), worker_init_fn=pitfalls.shard_in_worker_init) == list(range(10))

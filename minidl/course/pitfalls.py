@@ -1,16 +1,27 @@
-"""Mistakes the course makes on purpose, as functions a worker process can import.
+"""Mistakes the course makes on purpose, as functions and datasets a worker process can import.
 
-A ``multiprocessing.Pool`` runs only what it can import by name (under ``spawn`` and ``forkserver``
-it cannot see a notebook cell), so the deliberate mistakes that notebook 06 shows live here.
-Nothing else in minidl uses this module, and it mirrors no file of PyTorch.
+A worker started with ``spawn`` or ``forkserver`` (and a ``multiprocessing.Pool``) runs only what it can
+import by name, never a notebook cell, so the deliberate mistakes of notebooks 06 and 12 live here.
+Experiments that could crash or hang run in a child interpreter (``python -m minidl.course.pitfall_run``)
+under a timeout. Nothing else in minidl uses this module, and it mirrors no file of PyTorch.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
+import subprocess
+import sys
+import threading
+import time
 
 import numpy as np
+
+from minidl.dataset import Dataset
+from minidl.worker import get_worker_info
+
+MB = 2**20
 
 
 def global_draws(n: int = 2) -> tuple[int, dict[str, list[float]]]:
@@ -26,3 +37,320 @@ def global_draws(n: int = 2) -> tuple[int, dict[str, list[float]]]:
         return os.getpid(), draws
     draws["torch"] = [float(x) for x in torch.rand(n)]
     return os.getpid(), draws
+
+
+def run_child(args: list[str], timeout: float = 60.0) -> dict:
+    """Run ``python -m minidl.course.pitfall_run *args`` in a fresh interpreter, at most ``timeout`` s.
+
+    Returns its pid, exit code, stderr and the JSON it printed last (or ``None``). The child runs in its own
+    process group, and the whole group is killed if it overstays, so nothing it started outlives it.
+    """
+    cmd = [sys.executable, "-m", "minidl.course.pitfall_run", *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        timed_out = False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        timed_out = True
+    lines = [line for line in out.splitlines() if line.startswith("{")]
+    return {"pid": proc.pid, "returncode": proc.returncode, "timed_out": timed_out, "stderr": err,
+            "result": json.loads(lines[-1]) if lines else None}
+
+
+def run_script(module: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    """Run ``python -m module`` (one of the course's small scripts) under a timeout; its output comes back."""
+    return subprocess.run([sys.executable, "-m", module], capture_output=True, text=True, timeout=timeout)
+
+
+# --- 1. Copy-on-read: Python objects in a forked worker ------------------------------------------------
+
+
+def file_names(n: int) -> list[str]:
+    """``n`` file names, the kind of per-sample metadata a dataset keeps in memory."""
+    return [f"train/class_{i % 1000:04d}/img_{i:08d}.jpg" for i in range(n)]
+
+
+class NameListDataset(Dataset):
+    """Keeps its names as a Python list of ``str``: each read bumps a refcount, so a page gets written."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = list(names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def __getitem__(self, index: int) -> int:
+        return len(self.names[index])  # reading is enough: the str's refcount goes up and down
+
+
+class NameArrayDataset(NameListDataset):
+    """The same names in one NumPy bytes array: one object, and reading a row writes nothing."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = np.array([s.encode() for s in names])  # fixed-width bytes, one buffer
+
+    def __getitem__(self, index: int) -> int:
+        return len(self.names[index])
+
+
+def pss_mb(pid: int) -> float:
+    """Proportional set size of process ``pid`` in MiB: its private pages plus its share of shared ones."""
+    import psutil
+
+    return psutil.Process(pid).memory_full_info().pss / MB
+
+
+EPOCH_MARKS = (0.0, 0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0)
+
+
+def worker_memory_over_epoch(dataset, num_workers: int = 2, batch_size: int = 512,
+                             marks: tuple[float, ...] = EPOCH_MARKS, seed: int = 0) -> dict:
+    """Iterate one shuffled epoch with forked workers; sample each worker's PSS and USS at ``marks``.
+
+    ``marks`` are fractions of the epoch (denser early, where the growth happens). Returns
+    ``{"fraction": [...], "pss": [[MiB at each mark] per worker], "uss": [...]}``; the first sample
+    is taken right after the first batch arrives, the last one as the last batch arrives.
+    """
+    import psutil
+    import torch
+
+    from minidl import DataLoader
+
+    loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
+                        multiprocessing_context="fork", generator=torch.Generator().manual_seed(seed))
+    n_batches = len(loader)
+    at = {round(f * (n_batches - 1)) for f in marks}
+    fraction, pss, uss = [], [[] for _ in range(num_workers)], [[] for _ in range(num_workers)]
+    it = iter(loader)
+    procs = [psutil.Process(w.pid) for w in it._workers]
+    for b, _batch in enumerate(it):
+        if b in at:
+            fraction.append((b + 1) / n_batches)
+            for i, p in enumerate(procs):
+                info = p.memory_full_info()
+                pss[i].append(info.pss / MB)
+                uss[i].append(info.uss / MB)
+    del it
+    return {"fraction": fraction, "pss": pss, "uss": uss}
+
+
+# --- 2. Open files and /dev/shm ------------------------------------------------------------------------
+
+
+class TensorPairDataset(Dataset):
+    """``n`` samples of ``(float32 image C x H x W, int label)``, made from the index (no I/O)."""
+
+    def __init__(self, n: int, shape: tuple[int, ...] = (3, 32, 32)) -> None:
+        self.n, self.shape = n, tuple(shape)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        import torch
+
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        return torch.full(self.shape, float(index)), index
+
+
+def shared_fds(pids: list[int]) -> dict[tuple[int, int], int]:
+    """The shared-memory files the processes ``pids`` hold open: ``{(device, inode): bytes}``.
+
+    torch's default ``file_descriptor`` strategy unlinks each segment at once, so ``ls /dev/shm`` shows
+    nothing; the open descriptors in ``/proc/<pid>/fd`` still point at them ("/dev/shm/torch_... (deleted)").
+    """
+    seen: dict[tuple[int, int], int] = {}
+    for pid in pids:
+        fd_dir = f"/proc/{pid}/fd"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            path = os.path.join(fd_dir, fd)
+            try:
+                target = os.readlink(path)
+                if not target.startswith(("/dev/shm/", "/memfd:")):
+                    continue
+                st = os.stat(path)
+            except OSError:
+                continue
+            seen[(st.st_dev, st.st_ino)] = st.st_size
+    return seen
+
+
+def shm_in_flight(num_workers: int = 2, prefetch_factor: int = 2, batch_size: int = 64,
+                  shape: tuple[int, ...] = (3, 64, 64), settle: float = 1.0) -> dict:
+    """Hold the first batch, let the workers fill every prefetch slot, then count shared memory in use.
+
+    Returns the batch's bytes, how many shared segments the main process and its workers hold
+    open, and their total bytes.
+    """
+    from minidl import DataLoader
+
+    loader = DataLoader(TensorPairDataset(batch_size * (num_workers * prefetch_factor + 4), shape),
+                        batch_size=batch_size, num_workers=num_workers, prefetch_factor=prefetch_factor,
+                        multiprocessing_context="fork")
+    it = iter(loader)
+    first = next(it)
+    time.sleep(settle)  # the workers fill the slots the main process has not yet asked for
+    segments = shared_fds([os.getpid()] + [w.pid for w in it._workers])
+    batch_bytes = sum(t.numel() * t.element_size() for t in first)
+    del it, first
+    return {"batch_bytes": batch_bytes, "segments": len(segments), "shared_bytes": sum(segments.values())}
+
+
+def torch_bus_error_text() -> list[str]:
+    """torch's own bus-error message, read out of its compiled extension (it lives in C++, not Python)."""
+    import glob
+
+    import torch
+
+    texts: set[str] = set()
+    for lib in glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_python*.so")):
+        with open(lib, "rb") as f:
+            data = f.read()
+        at = data.find(b"bus error")
+        while at != -1:  # C strings sit between NUL bytes: cut the one around each hit
+            start, end = data.rfind(b"\0", 0, at) + 1, data.find(b"\0", at)
+            texts.add(data[start:end].decode(errors="replace"))
+            at = data.find(b"bus error", end)
+    return sorted(texts)
+
+
+# --- 4. Fork while another thread holds a lock ---------------------------------------------------------
+
+_LOCK = threading.Lock()  # module level, like the locks inside logging, malloc or a queue
+
+
+def _hold_lock(held: threading.Event, release: threading.Event) -> None:
+    with _LOCK:
+        held.set()
+        release.wait()
+
+
+def use_lock(started) -> None:
+    """What the child does first: say it is running, then take the module's lock (as logging would)."""
+    started.set()
+    with _LOCK:
+        pass
+
+
+def fork_while_locked(method: str, wait: float = 2.0) -> dict:
+    """A thread holds ``_LOCK`` while a process is started with ``method``; the child takes the lock.
+
+    Under ``fork`` the child gets a copy of the lock, still locked, and no thread that will ever
+    release it: it waits forever. Once the child says it is running, we give it ``wait`` seconds to
+    take the lock and finish, then kill it.
+    """
+    import multiprocessing
+
+    ctx = multiprocessing.get_context(method)
+    held, release, started = threading.Event(), threading.Event(), ctx.Event()
+    holder = threading.Thread(target=_hold_lock, args=(held, release), daemon=True)
+    holder.start()
+    held.wait()
+    child = ctx.Process(target=use_lock, args=(started,))
+    child.start()
+    started.wait(60)  # a spawned child must first start an interpreter: that is not the hang
+    child.join(wait)
+    hung = child.is_alive()
+    if hung:
+        child.kill()
+        child.join()
+    release.set()
+    holder.join()
+    return {"method": method, "hung": hung, "exitcode": child.exitcode}
+
+
+# --- 6. How many workers: one CPU-bound and one waiting pipeline ------------------------------------
+
+
+class DecodeLikeDataset(Dataset):
+    """``(uint8 image H x W x 3, label)`` made from the index by NumPy work (a blur and a flip): CPU-bound."""
+
+    def __init__(self, n: int, size: int = 64, rounds: int = 6) -> None:
+        self.n, self.size, self.rounds = n, size, rounds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        if not 0 <= index < self.n:
+            raise IndexError(index)
+        rng = np.random.default_rng(index)
+        img = rng.random((self.size, self.size, 3), dtype=np.float32)
+        for _ in range(self.rounds):  # a 3x3 box blur, several times: the "decode" work
+            img = sum(np.roll(np.roll(img, dy, 0), dx, 1) for dy in (-1, 0, 1) for dx in (-1, 0, 1)) / 9
+        if index % 2:
+            img = img[:, ::-1]
+        return (img * 255).astype(np.uint8), index % 10
+
+
+class WaitingDataset(DecodeLikeDataset):
+    """The same samples after a ``delay`` s wait per sample (a disk or network read): mostly idle."""
+
+    def __init__(self, n: int, size: int = 64, delay: float = 0.004) -> None:
+        super().__init__(n, size, rounds=0)
+        self.delay = delay
+
+    def __getitem__(self, index: int):
+        time.sleep(self.delay)
+        return super().__getitem__(index)
+
+
+def train_throughput(dataset, num_workers: int, batch_size: int = 32, trainer=None) -> float:
+    """Samples per second through one epoch of a minidl loader feeding ``Trainer.step``."""
+    from minidl import DataLoader
+    from minidl.course.train import Trainer
+
+    trainer = trainer or Trainer(channels=3, classes=10, seed=0)
+    kwargs = {"multiprocessing_context": "fork"} if num_workers else {}
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kwargs)
+    t0 = time.perf_counter()
+    for batch in loader:
+        trainer.step(batch)
+    return len(dataset) / (time.perf_counter() - t0)
+
+
+# --- 7. persistent_workers -------------------------------------------------------------------------
+
+
+def epoch_times(persistent: bool, epochs: int = 3, method: str = "spawn", num_workers: int = 2,
+                n: int = 64, batch_size: int = 16) -> list[dict]:
+    """Per epoch: seconds to the first batch and for the whole epoch, and the workers' pids.
+
+    Without ``persistent_workers`` every epoch starts new workers (new pids); with it, the first
+    epoch's workers serve them all.
+    """
+    from minidl import DataLoader
+
+    loader = DataLoader(TensorPairDataset(n, (3, 16, 16)), batch_size=batch_size, num_workers=num_workers,
+                        multiprocessing_context=method, persistent_workers=persistent)
+    rows = []
+    for epoch in range(epochs):
+        t0 = time.perf_counter()
+        it = iter(loader)
+        next(it)
+        first = time.perf_counter() - t0
+        for _ in it:
+            pass
+        rows.append({"epoch": epoch, "first_batch_s": first, "epoch_s": time.perf_counter() - t0,
+                     "worker_pids": [w.pid for w in it._workers]})
+    del it, loader
+    return rows
+
+
+# --- 8. An IterableDataset in several workers ------------------------------------------------------
+
+
+def shard_in_worker_init(worker_id: int) -> None:
+    """A ``worker_init_fn`` that narrows this worker's copy of a ``toy.UnshardedRange`` to its own shard."""
+    info = get_worker_info()
+    ds = info.dataset  # this worker's own copy: changing it changes nothing in the other workers
+    per_worker = -(-(ds.end - ds.start) // info.num_workers)
+    lo = ds.start + worker_id * per_worker
+    ds.start, ds.end = lo, min(lo + per_worker, ds.end)

@@ -1,0 +1,11 @@
+"""A training script WITHOUT the ``if __name__ == "__main__":`` guard, run with spawned workers.
+
+Each spawned worker imports this file to find what it runs, so it runs the loader again, in the middle
+of starting up: multiprocessing refuses. ``python -m minidl.course.spawn_unguarded`` (notebook 12).
+"""
+
+from minidl import DataLoader
+from minidl.course.pitfalls import TensorPairDataset
+
+loader = DataLoader(TensorPairDataset(8), batch_size=4, num_workers=2, multiprocessing_context="spawn")
+print("batches:", sum(1 for _ in loader))
