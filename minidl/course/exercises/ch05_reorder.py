@@ -111,7 +111,7 @@ def _run_reorder(reorder, arrivals: Arrivals, order, got, case, checks: _Checks)
             if batch != f"batch {k}":
                 _wrong_batch(k, batch, arrivals, order, got, case, checks)
             if arrivals.taken > due[k]:
-                if arrivals.taken == len(order) and due[k] < len(order):
+                if k == 0 and arrivals.taken == len(order) and due[k] < len(order):
                     hint = ("you read every arrival before handing anything out: yield a batch as soon as it is due; "
                             "holding them all costs memory and makes the training loop wait.")
                 else:

@@ -26,10 +26,10 @@ class AugmentedDataset(Dataset):
 
     >>> ds = AugmentedDataset(4)
     >>> [round(draw, 3) for _, draw in (ds[0], ds[1])]
-    [0.637, 0.27]
+    [0.676, 0.214]
     """
 
-    def __init__(self, n: int, seed: int = 0) -> None:
+    def __init__(self, n: int, seed: int = 2024) -> None:
         self.n = n
         self.rng = np.random.default_rng(seed)
 
@@ -110,7 +110,7 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
     Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
     """
     checks = _Checks()
-    untouched = _draws(AugmentedDataset(8))
+    untouched = _draws(AugmentedDataset(8))  # what every worker draws without a fix
     for base_seed, num_workers in ((1234, 2), (98765, 3), (2**40 + 7, 2)):
         case = f"AugmentedDataset(8) in {num_workers} workers whose base seed is {base_seed}"
         draws = []

@@ -88,6 +88,12 @@ def _library_sharding() -> dict:
     return watch(targets)
 
 
+def _self_sharding() -> type:
+    from minidl.course import toy
+
+    return toy.ShardedRange
+
+
 def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
     """Check ch06_sharding: ``worker_init_fn(worker_id)`` shards a ``RangeStream`` so each sample comes once.
 
@@ -130,12 +136,15 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, checks
 
         run_watched(Tripwire(_library_sharding()), call,
                     lambda what, where=where: checks.fail(where, f"your worker_init_fn {what}", DELEGATED.format(what)))
+        if isinstance(dataset, _self_sharding()):
+            checks.fail(where, "your worker_init_fn turned the dataset into minidl's toy.ShardedRange",
+                        DELEGATED.format("swapped in minidl's own self-sharding dataset"))
         if type(dataset) is not RangeStream or "__iter__" in vars(dataset):
             checks.fail(where, f"your worker_init_fn replaced the dataset's iteration (it is now a "
                                f"{type(dataset).__name__})",
                         "keep the dataset's own class and __iter__, and set only its start and end for this worker; "
                         "that is what this exercise practises.")
-        if "dataset" not in info.read and (dataset.start, dataset.end) == (start, end):
+        if num_workers > 1 and "dataset" not in info.read and (dataset.start, dataset.end) == (start, end):
             checks.fail(where, "your worker_init_fn never read get_worker_info().dataset, and the worker's dataset "
                                f"still streams all of {start} .. {end - 1}",
                         "each worker has its own copy of the dataset, get_worker_info().dataset: change that one; "
