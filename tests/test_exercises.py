@@ -353,7 +353,7 @@ def test_check_collate_names_the_case_when_the_collate_raises():
     assert "two samples, 3 and 1 tokens" in info.value.__notes__[0]
 
 
-# --- check_worker_loop (ex03) ----------------------------------------------------------------------
+# --- check_worker_loop (ch05) ----------------------------------------------------------------------
 # The wrong loops live at module level, so worker processes (under any start method) could import them.
 
 
@@ -504,7 +504,7 @@ def test_run_worker_processes_gathers_every_answer_and_raises_a_crash_of_the_loo
         run_worker_processes(unfinished_loop, toy.RangeDataset(4), [(0, [0]), (1, [1])])
 
 
-# --- check_prefetcher (ex04) -----------------------------------------------------------------------
+# --- check_prefetcher (ch08) -----------------------------------------------------------------------
 
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 

@@ -14,7 +14,7 @@ from minidl.course.exercises.ch04_slow_sample import SlowSampleDataset, check_sl
 from minidl.course.exercises.ch05_reorder import Arrivals, check_reorder
 from minidl.course.exercises.ch05_worker_loop import check_worker_loop, run_worker_processes
 from minidl.course.exercises.ch06_seeding import AugmentedDataset, check_worker_seeding
-from minidl.course.exercises.ch06_sharding import check_worker_init_fn, range_stream
+from minidl.course.exercises.ch06_sharding import call_as_worker, check_worker_init_fn, range_stream
 from minidl.course.exercises.ch08_prefetcher import RecordingLoader, check_prefetcher, make_image_batches
 
 __all__ = [
@@ -23,6 +23,7 @@ __all__ = [
     "RecordingLoader",
     "SlowSampleDataset",
     "YourTurn",
+    "call_as_worker",
     "check_collate",
     "check_prefetcher",
     "check_reorder",

@@ -108,11 +108,19 @@ class _Checks:
 class YourTurn(Exception):
     """Raised by an exercise cell that is still to be written; its message says what to write.
 
-    In a notebook it shows as one line, not a traceback: IPython calls ``_render_traceback_``.
+    In a notebook it shows as one line, not a traceback: IPython calls ``_render_traceback_``. Raised in a
+    DataLoader worker, it comes back wrapped with the worker's traceback; the line shown is still the message.
+
+    >>> YourTurn("write __iter__")._render_traceback_()
+    ['YourTurn: write __iter__']
     """
 
     def _render_traceback_(self) -> list[str]:
-        return [f"YourTurn: {self}"]
+        text = str(self)
+        from_worker = [line for line in text.splitlines() if line.startswith("YourTurn: ")]
+        if from_worker:  # "Caught YourTurn in DataLoader worker process 0. Original Traceback ... YourTurn: ..."
+            return [f"{from_worker[-1]} (raised in a DataLoader worker)"]
+        return [f"YourTurn: {text}"]
 
 
 # --- catching an answer that delegates to the library --------------------------------------------

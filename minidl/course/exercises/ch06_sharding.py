@@ -55,6 +55,17 @@ def as_worker(info: Any) -> Iterator[None]:
         torch_worker._worker_info = saved
 
 
+def call_as_worker(worker_init_fn: Callable[[int], None], dataset: Any, worker_id: int = 0, num_workers: int = 1,
+                   seed: int = 0) -> Any:
+    """Call ``worker_init_fn(worker_id)`` here, as worker ``worker_id`` of ``num_workers`` would; return ``dataset``.
+
+    ``torch.utils.data.get_worker_info()`` returns the worker's info meanwhile, with ``dataset`` as its copy.
+    """
+    with as_worker(SeenInfo(worker_id, num_workers, seed, dataset)):
+        worker_init_fn(worker_id)
+    return dataset
+
+
 def _sharding_cases() -> Iterator[tuple[int, int, int]]:
     """(start, end, num_workers): small readable ones, then seeded random ones."""
     yield 0, 10, 1
