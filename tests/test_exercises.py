@@ -970,3 +970,25 @@ def minidls_info_for_seeding(worker_id):
 ])
 def test_check_worker_seeding_rejects_a_wrong_fix_and_says_why(wrong, message):
     rejects(check_worker_seeding, wrong, message)
+
+
+def test_call_as_worker_answers_get_worker_info_for_that_worker_and_restores_it():
+    seen = []
+    dataset = range_stream(0, 4)
+    call_as_worker(lambda k: seen.append(torch.utils.data.get_worker_info()), dataset, worker_id=1, num_workers=3,
+                   seed=9)
+    info = seen[0]
+    assert (info.id, info.num_workers, info.seed, info.dataset) == (1, 3, 9, dataset)
+    assert torch.utils.data.get_worker_info() is None
+
+
+def test_your_turn_raised_in_a_worker_still_shows_as_its_message():
+    def unwritten(worker_id):
+        raise YourTurn("write seed_worker")
+
+    with pytest.raises(YourTurn) as info:
+        list(minidl.DataLoader(AugmentedDataset(4), num_workers=1, worker_init_fn=unwritten))
+    assert info.value._render_traceback_() == ["YourTurn: write seed_worker (raised in a DataLoader worker)"]
+
+
+from minidl.course.exercises import YourTurn, call_as_worker  # noqa: E402

@@ -117,9 +117,11 @@ class YourTurn(Exception):
 
     def _render_traceback_(self) -> list[str]:
         text = str(self)
-        from_worker = [line for line in text.splitlines() if line.startswith("YourTurn: ")]
-        if from_worker:  # "Caught YourTurn in DataLoader worker process 0. Original Traceback ... YourTurn: ..."
-            return [f"{from_worker[-1]} (raised in a DataLoader worker)"]
+        # From a worker: "Caught YourTurn in DataLoader worker process 0. Original Traceback ... <module>.YourTurn: ..."
+        from_worker = [line.partition("YourTurn: ")[2] for line in text.splitlines()
+                       if line.partition("YourTurn: ")[0].replace(".", "").replace("_", "").isalnum()]
+        if text.startswith("Caught YourTurn") and from_worker:
+            return [f"YourTurn: {from_worker[-1]} (raised in a DataLoader worker)"]
         return [f"YourTurn: {text}"]
 
 
