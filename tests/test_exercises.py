@@ -988,7 +988,7 @@ def test_your_turn_raised_in_a_worker_still_shows_as_its_message():
 
     with pytest.raises(YourTurn) as info:
         list(minidl.DataLoader(AugmentedDataset(4), num_workers=1, worker_init_fn=unwritten))
-    assert info.value._render_traceback_() == ["YourTurn: write seed_worker (raised in a DataLoader worker)"]
+    assert info.value._render_traceback_() == ["YourTurn: write seed_worker (raised in a worker process)"]
 
 
 from minidl.course.exercises import YourTurn, call_as_worker  # noqa: E402

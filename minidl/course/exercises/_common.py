@@ -121,7 +121,7 @@ class YourTurn(Exception):
         from_worker = [line.partition("YourTurn: ")[2] for line in text.splitlines()
                        if line.partition("YourTurn: ")[0].replace(".", "").replace("_", "").isalnum()]
         if text.startswith("Caught YourTurn") and from_worker:
-            return [f"YourTurn: {from_worker[-1]} (raised in a DataLoader worker)"]
+            return [f"YourTurn: {from_worker[-1]} (raised in a worker process)"]
         return [f"YourTurn: {text}"]
 
 
