@@ -1,6 +1,9 @@
-"""minidl.course.exercises: the checkers pass the reference solutions and explain what is wrong with others."""
+"""minidl.course.exercises: each checker passes the reference answer, refuses one that only wraps the library's
+own implementation, and explains what is wrong with typical mistakes. The answers come from minidl.course.solutions.
+"""
 
 import re
+import subprocess
 import sys
 import threading
 import types
@@ -9,10 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+import minidl
 from minidl.course import toy
 from minidl.course.exercises import (
     RecordingLoader,
-    SortedBatchSampler,
     check_collate,
     check_prefetcher,
     check_sampler,
@@ -20,14 +23,52 @@ from minidl.course.exercises import (
     first_difference,
     make_image_batches,
     make_token_samples,
-    pad_mask_collate,
-    prefetch_one_ahead,
     run_worker_processes,
-    simple_worker_loop,
 )
+from minidl.course.solutions.ch02_sampler import SortedBatchSampler
+from minidl.course.solutions.ch03_collate import pad_mask_collate
+from minidl.course.solutions.ch05_worker_loop import worker_loop as simple_worker_loop
+from minidl.course.solutions.ch08_prefetcher import prefetch as prefetch_one_ahead
 from minidl.prefetch import PrefetchLoader
 from minidl.sampler import BatchSampler, SequentialSampler
 from minidl.worker import ExceptionWrapper
+
+
+def rejects(check, answer, message, case=r"check \d+ failed, for "):
+    """``check(answer)`` fails at a case, with a message matching ``message``; returns the message."""
+    with pytest.raises(AssertionError, match=case) as info:
+        check(answer)
+    assert re.search(message, str(info.value), re.DOTALL), str(info.value)
+    return str(info.value)
+
+
+# --- what the learner can import -------------------------------------------------------------------
+
+
+def test_no_reference_answer_is_importable_from_the_checkers():
+    code = ("import sys, minidl.course.exercises as e\n"
+            "from minidl.course.exercises import ch02_sampler, ch03_collate, ch04_slow_sample, ch05_reorder, "
+            "ch05_worker_loop, ch06_seeding, ch06_sharding, ch08_prefetcher\n"
+            "e.check_worker_init_fn.__module__, e.range_stream(0, 1)\n"
+            "print(sorted(m for m in sys.modules if m.startswith('minidl.course.solutions')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+    import minidl.course.exercises as exercises
+
+    for name in ("SortedBatchSampler", "pad_mask_collate", "simple_worker_loop", "prefetch_one_ahead", "reorder"):
+        assert not hasattr(exercises, name)
+
+
+def test_importing_the_checkers_needs_no_torch():
+    code = "import sys, minidl.course.exercises; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"
+
+
+def test_your_turn_shows_as_one_line_in_a_notebook():
+    from minidl.course.exercises import YourTurn
+
+    assert YourTurn("write __iter__")._render_traceback_() == ["YourTurn: write __iter__"]
 
 # --- the references agree with torch ---------------------------------------------------------------
 
@@ -312,7 +353,7 @@ def test_check_collate_names_the_case_when_the_collate_raises():
     assert "two samples, 3 and 1 tokens" in info.value.__notes__[0]
 
 
-# --- check_worker_loop (ex03) ----------------------------------------------------------------------
+# --- check_worker_loop (ch05) ----------------------------------------------------------------------
 # The wrong loops live at module level, so worker processes (under any start method) could import them.
 
 
@@ -463,7 +504,7 @@ def test_run_worker_processes_gathers_every_answer_and_raises_a_crash_of_the_loo
         run_worker_processes(unfinished_loop, toy.RangeDataset(4), [(0, [0]), (1, [1])])
 
 
-# --- check_prefetcher (ex04) -----------------------------------------------------------------------
+# --- check_prefetcher (ch08) -----------------------------------------------------------------------
 
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 
@@ -607,3 +648,347 @@ def waits_at_the_sentinel(dataset, index_queue, result_queue, collate_fn):
 def test_check_worker_loop_tells_reading_past_the_sentinel_from_not_leaving(wrong, message):
     with pytest.raises(AssertionError, match=message):
         check_worker_loop(wrong)
+
+
+# --- the cheats: an answer that only wraps the library's own implementation is refused --------------
+
+
+class WrapsMinidlsBatchSampler(SortedBatchSampler):
+    def __iter__(self):
+        order = sorted(range(len(self.lengths)), key=self.lengths.__getitem__)
+        batches = list(BatchSampler(order, self.batch_size, self.drop_last))
+        perm = torch.randperm(len(batches), generator=self.generator).tolist() if self.shuffle else range(len(batches))
+        return iter([batches[i] for i in perm])
+
+
+class WrapsTorchsBatchSampler(SortedBatchSampler):
+    def __len__(self):
+        return len(torch.utils.data.BatchSampler(range(len(self.lengths)), self.batch_size, self.drop_last))
+
+
+def pads_with_torch(batch):
+    seqs = [torch.as_tensor(s["tokens"]) for s in batch]
+    mask = [torch.ones(len(s), dtype=torch.bool) for s in seqs]
+    pad = torch.nn.utils.rnn.pad_sequence
+    return {"tokens": pad(seqs, batch_first=True), "mask": pad(mask, batch_first=True),
+            "label": torch.tensor([s["label"] for s in batch])}
+
+
+def pads_with_minidl(batch):
+    from minidl.course.padding import pad_collate
+
+    out = pad_mask_collate(batch)
+    out["tokens"] = pad_collate([s["tokens"] for s in batch])
+    return out
+
+
+def wraps_minidls_worker_loop(dataset, index_queue, result_queue, collate_fn):
+    from minidl.fetch import _DatasetKind
+    from minidl.worker import _worker_loop
+
+    _worker_loop(_DatasetKind.Map, dataset, index_queue, result_queue, threading.Event(), True, collate_fn, False, 0,
+                 None, 0, 1, False, worker_method="thread")
+
+
+def wraps_prefetch_loader(loader, mean, std):
+    yield from PrefetchLoader(loader, device="cpu", mean=mean, std=std, channels=len(mean))
+
+
+@pytest.mark.parametrize("check, cheat, message", [
+    (check_sampler, WrapsMinidlsBatchSampler, r"your sampler called minidl's BatchSampler.*cut the sorted order"),
+    (check_sampler, WrapsTorchsBatchSampler, r"your sampler called torch's BatchSampler"),
+    (check_collate, pads_with_torch, r"called torch.nn.utils.rnn.pad_sequence.*write it yourself"),
+    (check_collate, pads_with_minidl, r"called minidl.course.padding.pad_collate"),
+    (check_worker_loop, wraps_minidls_worker_loop, r"called minidl.worker._worker_loop.*write the loop yourself"),
+    (check_prefetcher, wraps_prefetch_loader, r"used minidl's PrefetchLoader.*hold-one-back loop yourself"),
+])
+def test_a_checker_refuses_an_answer_that_wraps_the_library(check, cheat, message):
+    rejects(check, cheat, message)
+
+
+def test_the_prefetch_cheat_would_pass_on_its_outputs_alone():
+    """The cheat is refused for delegating, not by accident: its batches are the right ones."""
+    batches = make_image_batches(3)
+    for (x, y), (want_x, want_y) in zip(wraps_prefetch_loader(batches, *IMAGENET), prefetch_one_ahead(batches,
+                                                                                                      *IMAGENET)):
+        assert torch.allclose(x, want_x) and torch.equal(y, want_y)
+
+
+# --- check_slow_sample (ch04) ----------------------------------------------------------------------
+
+from minidl.course.exercises import check_slow_sample, slow_loader  # noqa: E402
+from minidl.course.solutions.ch04_slow_sample import find_slow_sample  # noqa: E402
+
+
+def _duration(row):
+    return row["end"] - row["start"]
+
+
+def test_check_slow_sample_accepts_the_reference_and_says_what_it_measured(capsys):
+    check_slow_sample(find_slow_sample)
+    out = capsys.readouterr().out
+    assert re.search(r"sample 17, \d+ ms \(median \d+\.\d ms\)", out), out
+    assert out.endswith("All 4 checks passed\n")
+
+
+def test_the_reference_finds_the_slow_sample_of_a_shuffled_loader_with_workers():
+    assert find_slow_sample(slow_loader(n=24, slow_index=11, num_workers=2, shuffle=True, seed=3)) == 11
+
+
+def reads_the_dataset(loader):
+    return loader.dataset.slow_index
+
+
+def slowest_batch(loader):
+    for _ in loader:
+        pass
+    return max((r for r in loader.trace.rows() if r["event"] == "fetch"), key=_duration)["batch"]
+
+
+def started_last(loader):
+    for _ in loader:
+        pass
+    return max((r for r in loader.trace.rows() if r["event"] == "getitem"), key=lambda r: r["start"])["index"]
+
+
+def assumes_sequential(loader):
+    for _ in loader:
+        pass
+    rows = [r for r in loader.trace.rows() if r["event"] == "getitem"]
+    slow = max(rows, key=_duration)
+    return slow["batch"] * loader.batch_size + [r for r in rows if r["batch"] == slow["batch"]].index(slow)
+
+
+def diagnoses_before_iterating(loader):
+    loader.trace.diagnose()
+    return 0
+
+
+def returns_the_row(loader):
+    for _ in loader:
+        pass
+    return max((r for r in loader.trace.rows() if r["event"] == "getitem"), key=_duration)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (reads_the_dataset, r"read the dataset's 'slow_index'.*find it there, by measuring"),
+    (slowest_batch, r"said sample 4, but I timed each of the 24 samples myself: sample 17 took \d+ ms.*number of "
+                    r"the batch"),
+    (started_last, r"said sample 23.*started last, it wasn't the slowest"),
+    (assumes_sequential, r"shuffle=True.*this loader shuffles: a sample's place in the epoch is not its index"),
+    (diagnoses_before_iterating, r"the trace is empty.*iterate over the loader"),
+    (returns_the_row, r"returned a dict.*as a plain int"),
+])
+def test_check_slow_sample_rejects_a_wrong_finder_and_says_why(wrong, message):
+    rejects(check_slow_sample, wrong, message)
+
+
+# --- check_reorder (ch05) ---------------------------------------------------------------------------
+
+from minidl.course.exercises import Arrivals, check_reorder  # noqa: E402
+from minidl.course.exercises.ch05_reorder import due_after  # noqa: E402
+from minidl.course.solutions.ch05_reorder import reorder  # noqa: E402
+
+
+def test_check_reorder_accepts_the_reference(capsys):
+    check_reorder(reorder)
+    assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
+
+
+def test_due_after_is_the_running_maximum_of_arrival_positions():
+    assert due_after([0, 1, 2]) == [1, 2, 3]
+    assert due_after([3, 2, 1, 0]) == [4, 4, 4, 4]
+    assert due_after([]) == []
+
+
+def test_reorder_hands_each_batch_out_right_after_the_arrival_that_makes_it_due():
+    arrivals = Arrivals([1, 2, 0, 4, 3])
+    seen = [(batch, arrivals.taken) for batch in reorder(arrivals)]
+    assert seen == [("batch 0", 3), ("batch 1", 3), ("batch 2", 3), ("batch 3", 5), ("batch 4", 5)]
+
+
+def sorts_everything_first(arrivals):
+    for _, batch in sorted(arrivals):
+        yield batch
+
+
+def in_arrival_order(arrivals):
+    for _, batch in arrivals:
+        yield batch
+
+
+def if_instead_of_while(arrivals):
+    held, due = {}, 0
+    for task_idx, batch in arrivals:
+        held[task_idx] = batch
+        if due in held:
+            yield held.pop(due)
+            due += 1
+
+
+def yields_pairs(arrivals):
+    for batch in reorder(arrivals):
+        yield int(batch.split()[1]), batch
+
+
+def through_a_dataloader(arrivals):
+    held = dict(arrivals)
+    yield from minidl.DataLoader([held[k] for k in range(len(held))], batch_size=None)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (through_a_dataloader, r"your reorder ran minidl's DataLoader.*_task_info and _rcvd_idx"),
+    (sorts_everything_first, r"arrival order \[0, 1, 2\].*batch 0 was due after 1 arrivals, but you had read 3.*read "
+                             r"every arrival before handing anything out"),
+    (in_arrival_order, r"arrival order \[1, 0, 2\].*output 0 should be 'batch 0', but it is 'batch 1'.*by task "
+                       r"number, not in arrival order"),
+    (if_instead_of_while, r"batch 1 was due after 2 arrivals, but you had read 3.*while loop"),
+    (yields_pairs, r"output 0 should be 'batch 0', but it is \(0, 'batch 0'\).*yield the batch alone"),
+])
+def test_check_reorder_rejects_a_wrong_reorder_and_says_why(wrong, message):
+    rejects(check_reorder, wrong, message)
+
+
+# --- check_worker_init_fn (ch06, sharding) -------------------------------------------------------------
+
+from minidl.course.exercises import check_worker_init_fn, range_stream  # noqa: E402
+from minidl.course.solutions.ch06_sharding import shard_worker_init_fn  # noqa: E402
+
+
+def test_check_worker_init_fn_accepts_the_reference(capsys):
+    check_worker_init_fn(shard_worker_init_fn)
+    assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
+
+
+def test_without_a_worker_init_fn_every_worker_replays_the_stream():
+    got = sorted(int(x) for x in torch.utils.data.DataLoader(range_stream(0, 5), num_workers=2, batch_size=None))
+    assert got == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def swaps_in_sharded_range(worker_id):
+    torch.utils.data.get_worker_info().dataset.__class__ = toy.ShardedRange
+
+
+def does_nothing(worker_id):
+    pass
+
+
+def floor_division(worker_id):
+    info = torch.utils.data.get_worker_info()
+    ds = info.dataset
+    per = (ds.end - ds.start) // info.num_workers
+    ds.start, ds.end = ds.start + worker_id * per, ds.start + (worker_id + 1) * per
+
+
+def sets_only_start(worker_id):
+    info = torch.utils.data.get_worker_info()
+    ds = info.dataset
+    ds.start = min(ds.start + worker_id * -(-(ds.end - ds.start) // info.num_workers), ds.end)
+
+
+def minidls_worker_info(worker_id):
+    info = minidl.get_worker_info()
+    ds = info.dataset
+    per = -(-(ds.end - ds.start) // info.num_workers)
+    ds.start, ds.end = min(ds.start + worker_id * per, ds.end), min(ds.start + (worker_id + 1) * per, ds.end)
+
+
+NOTEBOOK_STREAM = range_stream(0, 10)
+
+
+def changes_the_notebooks_dataset(worker_id):
+    info = torch.utils.data.get_worker_info()
+    NOTEBOOK_STREAM.start = worker_id * 10 // info.num_workers
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (swaps_in_sharded_range, r"turned the dataset into minidl's toy.ShardedRange.*swapped in minidl's own"),
+    (does_nothing, r"RangeStream\(0, 10\) with num_workers=2.*never read get_worker_info\(\).dataset"),
+    (floor_division, r"RangeStream\(0, 10\) with num_workers=3.*sample 9 is in none of them.*round the shard size up"),
+    (sets_only_start, r"sample 5 is in worker 0 and worker 1.*set the end of each worker's part"),
+    (minidls_worker_info, r"'NoneType' object has no attribute.*call torch.utils.data.get_worker_info\(\)"),
+    (changes_the_notebooks_dataset, r"never read get_worker_info\(\).dataset.*changing a dataset from the notebook"),
+])
+def test_check_worker_init_fn_rejects_a_wrong_one_and_says_why(wrong, message):
+    rejects(check_worker_init_fn, wrong, message)
+
+
+def test_check_worker_init_fn_says_when_every_worker_keeps_the_whole_range():
+    def reads_but_keeps(worker_id):
+        _ = torch.utils.data.get_worker_info().dataset
+
+    rejects(check_worker_init_fn, reads_but_keeps, r"every worker kept the whole range.*set info.dataset.start")
+
+
+# --- check_worker_seeding (ch06, seeding) --------------------------------------------------------------
+
+from minidl.course.exercises import AugmentedDataset, check_worker_seeding  # noqa: E402
+from minidl.course.solutions.ch06_seeding import seed_worker  # noqa: E402
+
+
+def test_check_worker_seeding_accepts_the_reference(capsys):
+    check_worker_seeding(seed_worker)
+    assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("loader_cls", [minidl.DataLoader, torch.utils.data.DataLoader])
+def test_without_a_fix_workers_draw_the_same_numbers(loader_cls):
+    draws = [float(x) for _, d in loader_cls(AugmentedDataset(8), batch_size=2, num_workers=2) for x in d]
+    assert draws[:2] == draws[2:4]  # worker 0's first batch and worker 1's
+
+
+def takes_info_rng(worker_id):
+    info = torch.utils.data.get_worker_info()
+    info.dataset.rng = info.rng
+
+
+def reseeds_numpys_global(worker_id):
+    np.random.seed(torch.utils.data.get_worker_info().seed % 2**32)
+
+
+def seeds_from_worker_id(worker_id):
+    torch.utils.data.get_worker_info().dataset.rng = np.random.default_rng(worker_id)
+
+
+def seeds_from_the_os(worker_id):
+    torch.utils.data.get_worker_info().dataset.rng = np.random.default_rng()
+
+
+def minidls_info_for_seeding(worker_id):
+    info = minidl.get_worker_info()
+    info.dataset.rng = np.random.default_rng(info.seed)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (takes_info_rng, r"read get_worker_info\(\).rng.*the loader's own per-worker generator"),
+    (toy.seed_numpy_from_worker, r"called toy.seed_numpy_from_worker.*reseeds NumPy's global stream"),
+    (does_nothing, r"still draws .* as it did before your worker_init_fn.*reseed the worker's own copy"),
+    (reseeds_numpys_global, r"still draws.*you reseeded NumPy's global stream.*dataset.rng"),
+    (seeds_from_worker_id, r"worker 0 in two epochs.*not from worker_id alone"),
+    (seeds_from_the_os, r"called twice with the same info.seed.*not from the clock or the OS"),
+    (minidls_info_for_seeding, r"'NoneType' object has no attribute.*call torch.utils.data.get_worker_info\(\)"),
+])
+def test_check_worker_seeding_rejects_a_wrong_fix_and_says_why(wrong, message):
+    rejects(check_worker_seeding, wrong, message)
+
+
+def test_call_as_worker_answers_get_worker_info_for_that_worker_and_restores_it():
+    seen = []
+    dataset = range_stream(0, 4)
+    call_as_worker(lambda k: seen.append(torch.utils.data.get_worker_info()), dataset, worker_id=1, num_workers=3,
+                   seed=9)
+    info = seen[0]
+    assert (info.id, info.num_workers, info.seed, info.dataset) == (1, 3, 9, dataset)
+    assert torch.utils.data.get_worker_info() is None
+
+
+def test_your_turn_raised_in_a_worker_still_shows_as_its_message():
+    def unwritten(worker_id):
+        raise YourTurn("write seed_worker")
+
+    with pytest.raises(YourTurn) as info:
+        list(minidl.DataLoader(AugmentedDataset(4), num_workers=1, worker_init_fn=unwritten))
+    assert info.value._render_traceback_() == ["YourTurn: write seed_worker (raised in a worker process)"]
+
+
+from minidl.course.exercises import YourTurn, call_as_worker  # noqa: E402

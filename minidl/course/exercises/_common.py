@@ -1,11 +1,17 @@
 """What every exercise checker shares: comparing two batches leaf by leaf, and counting checks.
 
 A checker stops at the first case where the learner's answer and the expected one disagree, and raises
-AssertionError saying which case, what was expected, what came back and the likely cause.
+AssertionError saying which case, what was expected, what came back and the likely cause. Expected values
+come from torch or from the spec, never from a reference answer (those live in ``minidl.course.solutions``,
+which no checker imports); ``Tripwire`` catches an answer that hands the work to the library's own version.
 """
 
 from __future__ import annotations
 
+import sys
+import threading
+from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 import numpy as np
@@ -94,3 +100,105 @@ class _Checks:
 
     def done(self) -> None:
         print(f"All {self.passed} checks passed")
+
+
+# --- an exercise cell not filled in yet -------------------------------------------------------------
+
+
+class YourTurn(Exception):
+    """Raised by an exercise cell that is still to be written; its message says what to write.
+
+    In a notebook it shows as one line, not a traceback: IPython calls ``_render_traceback_``. Raised in a
+    DataLoader worker, it comes back wrapped with the worker's traceback; the line shown is still the message.
+
+    >>> YourTurn("write __iter__")._render_traceback_()
+    ['YourTurn: write __iter__']
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        text = str(self)
+        # From a worker: "Caught YourTurn in DataLoader worker process 0. Original Traceback ... <module>.YourTurn: ..."
+        from_worker = [line.partition("YourTurn: ")[2] for line in text.splitlines()
+                       if line.partition("YourTurn: ")[0].replace(".", "").replace("_", "").isalnum()]
+        if text.startswith("Caught YourTurn") and from_worker:
+            return [f"YourTurn: {from_worker[-1]} (raised in a worker process)"]
+        return [f"YourTurn: {text}"]
+
+
+# --- catching an answer that delegates to the library --------------------------------------------
+
+
+def codes_of(*targets: Any) -> list[CodeType]:
+    """The code objects of functions, and of every method a class defines itself."""
+    codes = []
+    for target in targets:
+        if isinstance(target, type):
+            for value in vars(target).values():
+                fn = getattr(value, "__func__", value)  # staticmethod/classmethod hold the function
+                if hasattr(fn, "__code__"):
+                    codes.append(fn.__code__)
+        else:
+            codes.append(target.__code__)
+    return codes
+
+
+class Tripwire:
+    """Notes, while active, every call of the given code objects, in this thread and in threads it starts.
+
+    A profile hook sees each call whatever name the learner imported the function or class under, so a
+    solution that only wraps the library's own implementation is caught however it reached it.
+
+    >>> from minidl.sampler import BatchSampler
+    >>> with Tripwire({code: "BatchSampler" for code in codes_of(BatchSampler)}) as wire:
+    ...     _ = list(BatchSampler(range(4), 2, False))
+    >>> wire.hits
+    ['BatchSampler']
+    """
+
+    def __init__(self, watched: dict[CodeType, str]) -> None:
+        self.watched = watched
+        self.hits: list[str] = []
+
+    def _profile(self, frame, event: str, arg: Any) -> None:
+        if event == "call":
+            name = self.watched.get(frame.f_code)
+            if name is not None and name not in self.hits:
+                self.hits.append(name)
+
+    def __enter__(self) -> Tripwire:
+        self._saved = sys.getprofile(), threading.getprofile()
+        sys.setprofile(self._profile)
+        threading.setprofile(self._profile)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.setprofile(self._saved[0])
+        threading.setprofile(self._saved[1])
+
+
+def watch(label_targets: dict[str, tuple[Any, ...]]) -> dict[CodeType, str]:
+    """``{"minidl's BatchSampler": (BatchSampler,), ...}`` as the ``{code: label}`` a Tripwire watches."""
+    return {code: label for label, targets in label_targets.items() for code in codes_of(*targets)}
+
+
+def run_watched(wire: Tripwire, run: Callable[[], Any], on_hit: Callable[[str], None]) -> Any:
+    """``run()`` with ``wire`` active; if it hit the wire, ``on_hit(what)`` decides, whatever ``run`` raised.
+
+    Delegation is reported first: a wrapped library call that also gets something wrong is still a wrapper.
+    """
+    try:
+        with wire:
+            result = run()
+    except Exception:
+        if not wire.hits:
+            raise
+        result = None
+    if wire.hits:
+        on_hit(wire.hits[0])
+    return result
+
+
+def _short(obj: Any) -> str:
+    """``obj``'s type and repr, cut to fit on a line."""
+    text = repr(obj)
+    return f"{_type_name(obj)}: {text if len(text) < 80 else text[:77] + '...'}"
