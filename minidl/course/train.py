@@ -58,4 +58,4 @@ class Trainer:
         loss.backward()
         self.optimizer.step()
         self.steps += 1
-        return float(loss)
+        return float(loss.detach())
