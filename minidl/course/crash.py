@@ -19,6 +19,15 @@ class DiesInWorker(Dataset):
 
     ``how`` is ``"sigkill"`` (the process is killed by ``SIGKILL``, as the OOM killer does) or
     ``"exit"`` (``os._exit(code)``: gone without running another line of Python).
+
+    In the process that built it, every index is safe:
+
+    >>> DiesInWorker(4, bad_index=2)[2]
+    2
+    >>> DiesInWorker(4, bad_index=2, how="segfault")
+    Traceback (most recent call last):
+    ...
+    ValueError: how must be 'sigkill' or 'exit', got 'segfault'
     """
 
     def __init__(self, n: int, bad_index: int, how: str = "sigkill", code: int = 3) -> None:

@@ -15,7 +15,12 @@ from minidl.dataset import Dataset
 
 
 class LabelledImages(Dataset):
-    """``n`` random ``size x size x 3`` uint8 images with labels ``index % classes``."""
+    """``n`` random ``size x size x 3`` uint8 images with labels ``index % classes``.
+
+    >>> image, label = LabelledImages(12)[11]
+    >>> image.shape, image.dtype, label
+    ((32, 32, 3), dtype('uint8'), 1)
+    """
 
     def __init__(self, n: int, size: int = 32, classes: int = 10, delay: float = 0.0,
                  slow: tuple[int, ...] = (), slow_delay: float = 0.0, seed: int = 0) -> None:
@@ -37,6 +42,10 @@ def transform_collate(samples: list[tuple[np.ndarray, int]], transform) -> tuple
 
     Run as a DataLoader's ``collate_fn``, the transform runs where collation runs: in the worker.
     Use ``functools.partial(transform_collate, transform=f)`` with a top-level ``f`` so workers can import it.
+
+    >>> images, labels = transform_collate([LabelledImages(3)[i] for i in range(3)], transform=lambda x: x.T)
+    >>> tuple(images.shape), labels.tolist()
+    ((3, 3, 32, 32), [0, 1, 2])
     """
     import torch
 
