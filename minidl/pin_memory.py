@@ -13,7 +13,7 @@ import queue
 import time
 from typing import Any
 
-from minidl.worker import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
+from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 
 
 def pin_memory(data: Any, device: str | None = None) -> Any:

@@ -50,12 +50,19 @@ class GlobalRandomDataset(RangeDataset):
 
 
 class WorkerRandomDataset(RangeDataset):
-    """Like GlobalRandomDataset, but draws from the worker's own generator (safe with threads)."""
+    """Like GlobalRandomDataset, but safe with thread workers: each draws from its own generator.
+
+    A thread worker's ``get_worker_info().rng`` holds its own ``random``, torch and NumPy
+    generators; a process worker has ``rng=None`` and owns the global streams, seeded per worker.
+    """
 
     def __getitem__(self, index: int):
         info = get_worker_info()
-        rng = info.rng if info is not None else np.random.default_rng(index)
-        return index, float(rng.random())
+        if info is None:
+            return index, float(np.random.default_rng(index).random())
+        if info.rng is None:
+            return index, float(np.random.rand())
+        return index, float(info.rng.numpy_generator.random())
 
 
 class WorkerIdDataset(RangeDataset):
