@@ -71,32 +71,39 @@ def _remove_worker_pids(key: int) -> None:
     _worker_pids.pop(key, None)
 
 
-def _worker_failure(pid: int) -> str | None:
-    """How worker ``pid`` ended, in torch's words, if it ended badly (without reaping it)."""
+def describe_exit(pid: int, exitcode: int) -> str:
+    """'pid 123 (exit code -9, killed by SIGKILL)': how a worker process ended (negative: a signal)."""
+    if exitcode < 0:
+        try:
+            return f"pid {pid} (exit code {exitcode}, killed by {signal.Signals(-exitcode).name})"
+        except ValueError:
+            pass
+    return f"pid {pid} (exit code {exitcode})"
+
+
+def worker_failure_message(ended: list[tuple[int, int]]) -> str:
+    """The one message for dead workers, given (pid, exit code) pairs; torch's prefix, then how each ended."""
+    pids = ", ".join(str(pid) for pid, _ in ended)
+    return f"DataLoader worker (pid(s) {pids}) exited unexpectedly: " + ", ".join(describe_exit(*e) for e in ended)
+
+
+def _exit_code(pid: int) -> int | None:
+    """A child's exit code as multiprocessing reports it (-N: signal N), without reaping it; None if running."""
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:  # already reaped by multiprocessing: is_alive() tells the rest
         return None
     if info is None:
-        return None  # still running
-    if info.si_code == os.CLD_EXITED and info.si_status != 0:
-        return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {info.si_status}. Details are "
-                "lost due to multiprocessing. Rerunning with num_workers=0 may give better error trace.")
-    if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED):
-        msg = f"DataLoader worker (pid {pid}) is killed by signal: {signal.strsignal(info.si_status)}. "
-        if info.si_status == signal.SIGBUS:
-            msg += ("It is possible that dataloader's workers are out of shared memory. "
-                    "Please try to raise your shared memory limit.")
-        return msg
-    return None
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
 
 
 def _error_if_any_worker_fails() -> None:
-    for pids in list(_worker_pids.values()):
-        for pid in pids:
-            failure = _worker_failure(pid)
-            if failure is not None:
-                raise RuntimeError(failure)
+    for key, pids in list(_worker_pids.items()):
+        ended = [(pid, code) for pid in pids if (code := _exit_code(pid)) not in (None, 0)]
+        if ended:
+            _remove_worker_pids(key)  # once: the iterator itself reports it on every later next()
+            raise RuntimeError(worker_failure_message(ended))
 
 
 def _set_SIGCHLD_handler() -> None:  # noqa: N802 -- torch's name

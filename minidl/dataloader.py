@@ -281,8 +281,8 @@ class DataLoader(Generic[_T_co]):
             return self._resume_state.to_dict()
         it = self._last_iterator() if self._last_iterator is not None else None
         if it is None or it._exhausted:  # between epochs: the next one starts from here
-            return _loader_state(it or self, tasks_done=0).to_dict()
-        return it._state_dict().to_dict()
+            return _loader_state(self, it, tasks_done=0).to_dict()
+        return it._state_dict(self).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``iter(loader)`` continue where ``state`` (from ``state_dict``) stopped."""
@@ -338,7 +338,6 @@ def _mp_module():
 
 class _BaseDataLoaderIter:
     def __init__(self, loader: DataLoader) -> None:
-        self._loader = loader
         self._dataset = loader.dataset
         self._dataset_kind = loader._dataset_kind
         self._IterableDataset_len_called = loader._IterableDataset_len_called
@@ -478,11 +477,11 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
             data = pin_memory(data, self._pin_memory_device)
         return data
 
-    def _state_dict(self) -> LoaderState:
+    def _state_dict(self, loader: DataLoader) -> LoaderState:
         dataset = self._dataset if self._dataset_kind == _DatasetKind.Iterable else None
         main = capture_worker_state("main", None, dataset)
         main["ended"] = getattr(self._dataset_fetcher, "ended", False)  # see _worker_loop's snapshot
-        return _loader_state(self, tasks_done=self._num_yielded, main=main)
+        return _loader_state(loader, self, tasks_done=self._num_yielded, main=main)
 
 
 # Iterators with live workers, shut down at interpreter exit before multiprocessing's own exit
@@ -580,7 +579,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._workers = []
         self._failure = None  # set when a worker died: every later next() raises it again
         self._shutdown = False  # from here on, __del__ has workers and queues to clean up
-        resumed_workers = self._resumed.workers if self._resumed is not None else None
+        resumed = self._resumed or LoaderState(0, "", None, None, "", 0, 0, [], None, True)
+        resumed_workers = [
+            state or ({"ended": True} if ended else None)  # a replica that had run out was not asked
+            for state, ended in zip(resumed.workers or [None] * self._num_workers,
+                                    resumed.workers_ended or [False] * self._num_workers)
+        ]
         for i in range(self._num_workers):
             index_queue = context.Queue()
             index_queue.cancel_join_thread()  # main puts here; never block exit on its feeder
@@ -588,7 +592,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 worker_method=self._worker_method,
                 trace=loader.trace is not None,
                 snapshots=self._prefetch_factor * self._num_workers + 1 if self._snapshots else 0,
-                resume_state=resumed_workers[i] if resumed_workers else None,
+                resume_state=resumed_workers[i],
             )
             w = context.Process(
                 target=_worker_loop,
@@ -706,12 +710,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 pending.discard(worker_id)
         return states
 
-    def _state_dict(self) -> LoaderState:
+    def _state_dict(self, loader: DataLoader) -> LoaderState:
         """Where this epoch stands: the workers' states before the first batch not handed out yet."""
         k = self._rcvd_idx
         states = self._ask_workers_for_state(k)
         return _loader_state(
-            self, tasks_done=k, workers=[states.get(i) for i in range(self._num_workers)],
+            loader, self, tasks_done=k, workers=[states.get(i) for i in range(self._num_workers)],
             workers_ended=[i not in states or states[i]["ended"] for i in range(self._num_workers)],
             next_worker=self._task_info[k][0] if k in self._task_info else None,
         )
@@ -724,10 +728,10 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             # A failed read (not a timeout) most likely means a worker died: give it time to be seen.
             failed = self._failed_workers(wait=not isinstance(e, queue.Empty))
             if failed:
-                self._failure = (
-                    f"DataLoader worker (pid(s) {', '.join(str(w.pid) for w in failed)}) exited unexpectedly: "
-                    + ", ".join(_describe_exit(w) for w in failed)
-                )
+                if failed[0].pid is None:  # a thread worker left its loop without the sentinel
+                    self._failure = f"DataLoader worker thread(s) {[w.name for w in failed]} exited unexpectedly"
+                else:
+                    self._failure = _utils.worker_failure_message([(w.pid, w.exitcode) for w in failed])
                 self._shutdown_workers()
                 raise RuntimeError(self._failure) from e
             if isinstance(e, queue.Empty):
@@ -902,41 +906,25 @@ def _raise_if_out_of_file_descriptors() -> None:
             ) from None
 
 
-def _loader_state(source, tasks_done: int, **extra) -> LoaderState:
+def _loader_state(loader: DataLoader, it: _BaseDataLoaderIter | None, tasks_done: int, **extra) -> LoaderState:
     """The one place a LoaderState is built: from an iterator mid-epoch, or between epochs.
 
-    Between epochs (``source`` the loader, or an exhausted iterator) the next epoch's draws start
-    from the generators as they are now; persistent workers keep their base_seed and their streams.
+    Between epochs (no iterator, or an exhausted one) the next epoch's draws start from the
+    generators as they are now; persistent workers keep their base_seed and their streams.
     """
-    loader = source if isinstance(source, DataLoader) else source._loader
-    between = tasks_done == 0 and (source is loader or source._exhausted)
-    persistent = between and source is not loader and source is loader._iterator
+    between = it is None or it._exhausted
+    persistent = between and it is not None and it is loader._iterator
     if between:
         generators, base_seed, draws = capture_generators(generators_of(loader)), None, True
         if persistent:  # the workers carry their random streams into the next epoch
-            workers = source._ask_workers_for_state(source._rcvd_idx)
+            workers = it._ask_workers_for_state(it._rcvd_idx)
             extra.update(workers=[workers.get(i) for i in range(loader.num_workers)],
                          workers_ended=[False] * loader.num_workers)
-            base_seed, draws = source._base_seed, False
+            base_seed, draws = it._base_seed, False
     else:
-        generators, base_seed, draws = source._generator_states, source._base_seed, source._epoch_draws_base_seed
+        generators, base_seed, draws = it._generator_states, it._base_seed, it._epoch_draws_base_seed
     return LoaderState(num_workers=loader.num_workers, worker_method=loader.worker_method,
                        dataset_len=_len_or_none(loader.dataset), batch_size=loader.batch_size,
                        sampler=type(loader.sampler).__name__, tasks_done=tasks_done,
-                       num_yielded=0 if between else source._num_yielded, generators=generators,
+                       num_yielded=0 if between else it._num_yielded, generators=generators,
                        base_seed=base_seed, draws_base_seed=draws, **extra)
-
-
-def _describe_exit(w) -> str:
-    """'pid 123 (exit code -9, killed by SIGKILL)' for a dead worker process; its name for a thread."""
-    if w.pid is None:
-        return f"thread {w.name}"
-    code = w.exitcode
-    if code is not None and code < 0:
-        import signal
-
-        try:
-            return f"pid {w.pid} (exit code {code}, killed by {signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return f"pid {w.pid} (exit code {code})"
