@@ -516,6 +516,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     # Bookkeeping: task k is sent with _send_idx == k; _task_info[k] is (worker,) while in flight
     # and (worker, batch) once it arrived early; _rcvd_idx is the next task to hand back. At most
     # prefetch_factor * num_workers tasks are in flight; each batch handed back frees one slot.
+    # _receive() files each arriving message; _next_data and state_dict() both read through it.
     #
     # Shutdown protocol (_shutdown_workers), run on exhaustion, error, `del`, GC or exit:
     #   1. Mark the iterator shut down, so it runs once.

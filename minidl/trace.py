@@ -45,6 +45,7 @@ class Recorder:
 
     def __init__(self, lane: str) -> None:
         self.lane = lane
+        self.batch = None  # in a worker: the task being worked on (set by _TracedTaskQueue)
         self.events: list[tuple] = []
         self._where = None  # (pid, thread id), read once, by the thread that records
 
@@ -85,6 +86,7 @@ class _TracedMapDatasetFetcher(_MapDatasetFetcher):
         if not self.auto_collation:
             return super().fetch(possibly_batched_index)
         rec = self.recorder
+        batch = rec.batch if batch is None else batch
         with rec.span("fetch", batch):
             if getattr(self.dataset, "__getitems__", None):
                 data = self.dataset.__getitems__(possibly_batched_index)
@@ -106,7 +108,7 @@ class _TracedIterableDatasetFetcher(_IterableDatasetFetcher):
         self.recorder = recorder
 
     def fetch(self, possibly_batched_index, batch: int | None = None):
-        with self.recorder.span("fetch", batch):
+        with self.recorder.span("fetch", self.recorder.batch if batch is None else batch):
             return super().fetch(possibly_batched_index)
 
 
@@ -114,6 +116,42 @@ def traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorde
     """The fetcher ``_DatasetKind.create_fetcher`` builds when the DataLoader traces."""
     cls = _TracedMapDatasetFetcher if kind == _DatasetKind.Map else _TracedIterableDatasetFetcher
     return cls(dataset, auto_collation, collate_fn, drop_last, recorder)
+
+
+class _TracedTaskQueue:
+    """A worker's index queue that tells the recorder which task the worker takes next."""
+
+    def __init__(self, queue, recorder: Recorder) -> None:
+        self.queue, self.recorder = queue, recorder
+
+    def get(self, timeout=None):
+        r = self.queue.get(timeout=timeout)
+        if isinstance(r, tuple):  # a task (idx, indices); the rest are control messages
+            self.recorder.batch = r[0]
+        return r
+
+
+class _TracedResultQueue:
+    """A worker's result queue that records each put and ships the task's events with its batch."""
+
+    def __init__(self, queue, recorder: Recorder) -> None:
+        self.queue, self.recorder = queue, recorder
+
+    def put(self, r) -> None:
+        idx, data = r
+        if isinstance(idx, int):  # a batch: acks and state answers travel as they are
+            self.recorder.instant("put", idx)
+            r = (idx, data, self.recorder.take())
+        self.queue.put(r)
+
+    def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
+        return getattr(self.queue, name)
+
+
+def traced_worker_queues(index_queue, data_queue, worker_id: int):
+    """What ``_worker_loop`` uses instead of its queues when the DataLoader traces, and the recorder."""
+    recorder = Recorder(f"worker {worker_id}")
+    return _TracedTaskQueue(index_queue, recorder), _TracedResultQueue(data_queue, recorder), recorder
 
 
 class _TracedIterMixin:

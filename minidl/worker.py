@@ -1,6 +1,6 @@
 """The worker loop: what each DataLoader worker runs, in a process or in a thread.
 
-Mirrors ``torch/utils/data/_utils/worker.py`` (plus ``ExceptionWrapper`` from ``torch/_utils.py``).
+Mirrors ``torch/utils/data/_utils/worker.py``.
 Everything here lives at module top level so it can be pickled by reference under the ``spawn``
 and ``forkserver`` start methods: a worker can only run what it can import.
 """
@@ -227,10 +227,10 @@ def _worker_loop(
         _tell_torch(info)
 
         recorder = None
-        if options.trace:
-            from minidl.trace import Recorder
+        if options.trace:  # minidl's tracing layer: queues that note each task and ship its events
+            from minidl.trace import traced_worker_queues
 
-            recorder = Recorder(f"worker {worker_id}")
+            index_queue, data_queue, recorder = traced_worker_queues(index_queue, data_queue, worker_id)
 
         def create_fetcher():
             return _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last, recorder)
@@ -289,7 +289,7 @@ def _worker_loop(
                 data, init_exception = init_exception, None
             else:
                 try:
-                    data = fetcher.fetch(index, idx) if recorder is not None else fetcher.fetch(index)
+                    data = fetcher.fetch(index)
                 except StopIteration:
                     if dataset_kind != _DatasetKind.Iterable:
                         data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
@@ -298,11 +298,7 @@ def _worker_loop(
                         iteration_end = True
                 except Exception:
                     data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
-            if recorder is None:
-                data_queue.put((idx, data))
-            else:
-                recorder.instant("put", idx)
-                data_queue.put((idx, data, recorder.take()))
+            data_queue.put((idx, data))
             del data, idx, index, r  # drop references now: a batch may be large
     except KeyboardInterrupt:
         pass  # the main process decides what Ctrl-C means; the worker just exits quietly

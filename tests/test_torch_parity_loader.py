@@ -167,3 +167,44 @@ def test_an_exception_built_only_from_keyword_message_keeps_its_type(num_workers
 def test_dataloader_is_subscriptable_as_in_torch():
     assert minidl.DataLoader[int].__origin__ is minidl.DataLoader
     assert tud.DataLoader[int].__origin__ is tud.DataLoader
+
+
+# --- the rest of the loader's public surface ----------------------------------------------------
+
+
+def test_dataloader_signature_is_torchs_plus_three_documented_additions():
+    import inspect
+
+    ours = inspect.signature(minidl.DataLoader.__init__).parameters
+    theirs = inspect.signature(tud.DataLoader.__init__).parameters
+    assert list(ours)[: len(theirs)] == list(theirs)
+    for name, p in theirs.items():
+        assert (ours[name].kind, ours[name].default) == (p.kind, p.default), name
+    assert list(ours)[len(theirs):] == ["worker_method", "trace", "stateful"]  # minidl's, keyword-only, off
+    assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in ("worker_method", "trace", "stateful"))
+    assert inspect.signature(minidl.get_worker_info).parameters == inspect.signature(tud.get_worker_info).parameters
+
+
+BAD = [
+    dict(num_workers=-1),
+    dict(timeout=-1),
+    dict(num_workers=0, prefetch_factor=2),
+    dict(num_workers=1, prefetch_factor=-1),
+    dict(persistent_workers=True),
+    dict(sampler=[0, 1], shuffle=True),
+    dict(batch_sampler=[[0, 1]], batch_size=2),
+    dict(batch_sampler=[[0, 1]], drop_last=True),
+    dict(batch_size=None, drop_last=True),
+    dict(num_workers=0, multiprocessing_context="spawn"),
+    dict(num_workers=1, multiprocessing_context="nonsense"),
+    dict(num_workers=1, multiprocessing_context=3),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[",".join(c) for c in BAD])
+def test_bad_arguments_at_construction_raise_torchs_type_with_its_message(case):
+    ours = outcome(lambda: minidl.DataLoader(list(range(8)), **case))
+    theirs = outcome(lambda: tud.DataLoader(list(range(8)), **case))
+    assert ours[0] is theirs[0] and ours[0] in (ValueError, TypeError)
+    # the same words up to the first difference in spacing/case: compare the opening, normalised
+    assert ours[1].lower().replace(" ", "")[:30] == theirs[1].lower().replace(" ", "")[:30], (ours, theirs)
