@@ -624,7 +624,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         if self._pin_memory:
             self._pin_memory_thread_done_event = threading.Event()
             self._data_queue = queue.Queue()
-            self._pin_memory_thread = self._start_pin_memory_thread()
+            self._pin_memory_thread = self._start_pin_memory_thread(self._worker_result_queue, self._data_queue)
         else:
             self._data_queue = self._worker_result_queue
 
@@ -638,13 +638,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             _atexit_registered = True
         self._reset(loader, first_iter=True)
 
-    def _start_pin_memory_thread(self, recorder=None) -> threading.Thread:
+    def _start_pin_memory_thread(self, in_queue, out_queue) -> threading.Thread:
         from minidl.pin_memory import _pin_memory_loop
 
         thread = threading.Thread(
             target=_pin_memory_loop,
-            args=(self._worker_result_queue, self._data_queue, self._pin_memory_thread_done_event,
-                  self._pin_memory_device, recorder),
+            args=(in_queue, out_queue, self._pin_memory_thread_done_event, self._pin_memory_device),
             daemon=True,
             name="minidl_pin_memory",
         )

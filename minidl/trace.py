@@ -148,6 +148,28 @@ class _TracedResultQueue:
         return getattr(self.queue, name)
 
 
+class _TracedPinInQueue(_TracedTaskQueue):
+    """The pin thread's input: notes when it took each batch."""
+
+    def get(self, timeout=None):
+        r = self.queue.get(timeout=timeout)
+        self.recorder.batch = (r[0], now())
+        return r
+
+
+class _TracedPinOutQueue(_TracedResultQueue):
+    """The pin thread's output: adds its "pin" span to the batch's events."""
+
+    def put(self, r, timeout=None) -> None:
+        idx, data, *events = r
+        if events and self.recorder.batch is not None:
+            batch, start = self.recorder.batch
+            self.recorder.batch = None  # once, even if the put is retried
+            self.recorder.add("pin", batch, start, now())
+            events[0].extend(self.recorder.take())
+        self.queue.put((idx, data, *events), timeout=timeout)
+
+
 def traced_worker_queues(index_queue, data_queue, worker_id: int):
     """What ``_worker_loop`` uses instead of its queues when the DataLoader traces, and the recorder."""
     recorder = Recorder(f"worker {worker_id}")
@@ -208,8 +230,10 @@ class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDat
         self._start_tracing(loader)
         super().__init__(loader)
 
-    def _start_pin_memory_thread(self, recorder=None):
-        return super()._start_pin_memory_thread(Recorder("pin"))
+    def _start_pin_memory_thread(self, in_queue, out_queue):
+        recorder = Recorder("pin")  # a "pin" span: from taking a batch off in_queue to putting it on out_queue
+        return super()._start_pin_memory_thread(_TracedPinInQueue(in_queue, recorder),
+                                                _TracedPinOutQueue(out_queue, recorder))
 
     def _try_put_index(self) -> None:
         sent, start = self._send_idx, now()
