@@ -580,12 +580,6 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._workers = []
         self._failure = None  # set when a worker died: every later next() raises it again
         self._shutdown = False  # from here on, __del__ has workers and queues to clean up
-        resumed = self._resumed or LoaderState(0, "", None, None, "", 0, 0, [], None, True)
-        resumed_workers = [
-            state or ({"ended": True} if ended else None)  # a replica that had run out was not asked
-            for state, ended in zip(resumed.workers or [None] * self._num_workers,
-                                    resumed.workers_ended or [False] * self._num_workers)
-        ]
         for i in range(self._num_workers):
             index_queue = context.Queue()
             index_queue.cancel_join_thread()  # main puts here; never block exit on its feeder
@@ -593,7 +587,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 worker_method=self._worker_method,
                 trace=loader.trace is not None,
                 snapshots=self._prefetch_factor * self._num_workers + 1 if self._snapshots else 0,
-                resume_state=resumed_workers[i],
+                resume_state=self._resumed.worker_state(i) if self._resumed is not None else None,
             )
             w = context.Process(
                 target=_worker_loop,

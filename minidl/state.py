@@ -50,6 +50,14 @@ class LoaderState:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def worker_state(self, worker_id: int) -> dict | None:
+        """What worker ``worker_id`` restores before its first task (None: nothing saved)."""
+        if self.workers is None:
+            return None
+        if self.workers[worker_id] is None and self.workers_ended and self.workers_ended[worker_id]:
+            return {"ended": True}  # its replica had run out, so it was not asked for its state
+        return self.workers[worker_id]
+
     @classmethod
     def from_dict(cls, state: dict, loader) -> LoaderState:
         """Check ``state`` against ``loader`` and return it as a LoaderState; ValueError naming what is wrong."""
