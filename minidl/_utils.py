@@ -71,9 +71,9 @@ def _remove_worker_pids(key: int) -> None:
     _worker_pids.pop(key, None)
 
 
-def describe_exit(pid: int, exitcode: int) -> str:
+def describe_exit(pid: int, exitcode: int | None) -> str:
     """'pid 123 (exit code -9, killed by SIGKILL)': how a worker process ended (negative: a signal)."""
-    if exitcode < 0:
+    if exitcode is not None and exitcode < 0:
         try:
             return f"pid {pid} (exit code {exitcode}, killed by {signal.Signals(-exitcode).name})"
         except ValueError:

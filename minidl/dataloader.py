@@ -722,16 +722,20 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             # A failed read (not a timeout) most likely means a worker died: give it time to be seen.
             failed = self._failed_workers(wait=not isinstance(e, queue.Empty))
             if failed:
-                if failed[0].pid is None:  # a thread worker left its loop without the sentinel
-                    self._failure = f"DataLoader worker thread(s) {[w.name for w in failed]} exited unexpectedly"
-                else:
-                    self._failure = _utils.worker_failure_message([(w.pid, w.exitcode) for w in failed])
-                self._shutdown_workers()
-                raise RuntimeError(self._failure) from e
+                self._fail(failed, e)
             if isinstance(e, queue.Empty):
                 return False, None
             _raise_if_out_of_file_descriptors()
             raise
+
+    def _fail(self, failed: list, cause: BaseException | None = None):
+        """Shut down for good, and raise the RuntimeError naming the dead workers (again on every next())."""
+        if failed[0].pid is None:  # a thread worker left its loop without the sentinel
+            self._failure = f"DataLoader worker thread(s) {[w.name for w in failed]} exited unexpectedly"
+        else:
+            self._failure = _utils.worker_failure_message([(w.pid, w.exitcode) for w in failed])
+        self._shutdown_workers()
+        raise RuntimeError(self._failure) from cause
 
     def _failed_workers(self, wait: bool) -> list:
         """The workers that should be running and are not; with ``wait``, join them up to one interval first."""
@@ -780,6 +784,9 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     def _next_data(self):
         if self._failure is not None:
             raise RuntimeError(self._failure)
+        if self._worker_method == "multiprocessing" and not self._shutdown and id(self) not in _utils._worker_pids:
+            # The SIGCHLD handler reported a dead worker, maybe in the middle of our bookkeeping: stop here.
+            self._fail(self._failed_workers(wait=True) or self._workers)
         while True:
             # Skip tasks that will never be answered (their worker stopped: an exhausted
             # IterableDataset replica) until the next task that has data or is still coming.
