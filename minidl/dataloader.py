@@ -18,16 +18,20 @@ import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from minidl import _random
+import numpy as np
+
+from minidl import _random, _utils
 from minidl._picklable import check_picklable
+from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
 from minidl.fetch import _DatasetKind
 from minidl.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from minidl.state import (
-    STATE_VERSION,
+    LoaderState,
+    _len_or_none,
     _StateRequest,
     capture_generators,
     capture_worker_state,
@@ -35,16 +39,15 @@ from minidl.state import (
     replaying,
     restore_worker_state,
 )
-from minidl.trace import Recorder, Trace, now
 from minidl.worker import (
-    MP_STATUS_CHECK_INTERVAL,
-    ExceptionWrapper,
     _IterableDatasetStopIteration,
     _ResumeIteration,
     _ThreadContext,
     _worker_loop,
+    _WorkerOptions,
 )
 
+_T_co = TypeVar("_T_co", covariant=True)
 WORKER_METHODS = ("multiprocessing", "thread")
 _END = object()  # marks an exhausted iterator without catching StopIteration
 
@@ -73,7 +76,7 @@ def _accelerator_available() -> bool:
     return torch.accelerator.is_available()
 
 
-class DataLoader:
+class DataLoader(Generic[_T_co]):
     """Combines a dataset and a sampler into an iterable over batches, as ``torch.utils.data.DataLoader``.
 
     minidl's additions: ``worker_method`` runs the ``num_workers`` workers as processes
@@ -84,7 +87,7 @@ class DataLoader:
 
     def __init__(
         self,
-        dataset: Dataset | IterableDataset | Any,
+        dataset: Dataset[_T_co] | IterableDataset[_T_co] | Any,
         batch_size: int | None = 1,
         shuffle: bool | None = None,
         sampler: Sampler | Iterable | None = None,
@@ -103,7 +106,7 @@ class DataLoader:
         pin_memory_device: str = "",
         in_order: bool = True,
         worker_method: str = "multiprocessing",
-        trace: bool | Trace = False,
+        trace: bool | Any = False,  # or a minidl.trace.Trace to record into
         stateful: bool = False,
     ) -> None:
         if num_workers < 0:
@@ -193,6 +196,8 @@ class DataLoader:
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
         if trace is True:
+            from minidl.trace import Trace
+
             trace = Trace()
         self.trace = trace or None
         if self.trace is not None:
@@ -252,11 +257,15 @@ class DataLoader:
         return self._get_iterator()
 
     def _get_iterator(self):
+        single, multi = _SingleProcessDataLoaderIter, _MultiProcessingDataLoaderIter
+        if self.trace is not None:  # minidl's tracing layer: the same iterators, each step recorded
+            from minidl.trace import _TracedMultiProcessingDataLoaderIter as multi
+            from minidl.trace import _TracedSingleProcessDataLoaderIter as single
         if self.num_workers == 0:
-            it = _SingleProcessDataLoaderIter(self)
+            it = single(self)
         else:
             self.check_worker_number_rationality()
-            it = _MultiProcessingDataLoaderIter(self)
+            it = multi(self)
         self._last_iterator = weakref.ref(it)
         return it
 
@@ -268,34 +277,20 @@ class DataLoader:
         Needs ``stateful=True`` when ``num_workers > 0``, and ``in_order=True``. With
         ``num_workers=0`` the dataset draws from the global random streams, which are saved too.
         """
+        if self._resume_state is not None:  # loaded and not iterated yet: still the point to resume from
+            return self._resume_state.to_dict()
         it = self._last_iterator() if self._last_iterator is not None else None
-        if it is not None and it._exhausted and it is self._iterator:
-            # Persistent workers between epochs: they carry their random streams into the next one.
-            state = it._state_dict()
-            state.update(tasks_done=0, num_yielded=0, generators=capture_generators(it._generators),
-                         draws_base_seed=False, next_worker=None, workers_ended=[False] * self.num_workers)
-            return state
         if it is None or it._exhausted:  # between epochs: the next one starts from here
-            return {"version": STATE_VERSION, "num_workers": self.num_workers, "worker_method": self.worker_method,
-                    "tasks_done": 0, "num_yielded": 0, "generators": capture_generators(generators_of(self)),
-                    "base_seed": None, "draws_base_seed": True}  # base_seed: drawn again on resume
-        return it._state_dict()
+            return _loader_state(self, it, tasks_done=0).to_dict()
+        return it._state_dict(self).to_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Make the next ``iter(loader)`` continue where ``state`` (from ``state_dict``) stopped."""
-        if state.get("version") != STATE_VERSION:
-            raise ValueError(f"state_dict version {state.get('version')!r} is not {STATE_VERSION}")
-        for key in ("num_workers", "worker_method"):
-            if state[key] != getattr(self, key):
-                raise ValueError(
-                    f"this state_dict was saved with {key}={state[key]!r} but this DataLoader has "
-                    f"{key}={getattr(self, key)!r}: each worker's random streams belong to that setting, "
-                    f"so resume with {key}={state[key]!r}"
-                )
+        resume = LoaderState.from_dict(state, self)  # ValueError, naming the key, if it doesn't fit
         if self._iterator is not None:  # persistent workers of an older epoch: start afresh
             self._iterator._shutdown_workers()
             self._iterator = None
-        self._resume_state = state
+        self._resume_state = resume
 
     @property
     def _auto_collation(self) -> bool:
@@ -361,6 +356,9 @@ class _BaseDataLoaderIter:
         self._timeout = loader.timeout
         self._collate_fn = loader.collate_fn
         self._worker_method = loader.worker_method
+        if not _is_generator(loader.generator):
+            raise TypeError(f"generator should be a torch.Generator or a numpy.random.Generator, but got "
+                            f"generator={loader.generator!r} of type {type(loader.generator).__name__}")
         # Order matters for reproducing torch: the sampler iterator is created (lazily, it
         # draws nothing yet) and then base_seed is drawn from the loader's generator.
         self._resumed, loader._resume_state = loader._resume_state, None
@@ -373,32 +371,26 @@ class _BaseDataLoaderIter:
         else:
             self._resume_sampler(loader, self._resumed)
         self._persistent_workers = loader.persistent_workers
-        self._num_yielded = self._resumed["num_yielded"] if self._resumed else 0
+        self._num_yielded = self._resumed.num_yielded if self._resumed else 0
         self._exhausted = False
-        # Tracing (minidl/trace.py); all None when off, so the untraced path pays one `is None`.
-        self._trace = loader.trace
-        self._recorder = Recorder("main") if self._trace is not None else None
-        self._consumer_recorder = Recorder("consumer") if self._trace is not None else None
-        self._trace_batch = None  # task idx of the batch being handed back
-        self._last_yield = None  # when the consumer last got a batch
 
     def __iter__(self):
         return self
 
-    def _resume_sampler(self, loader: DataLoader, state: dict) -> None:
+    def _resume_sampler(self, loader: DataLoader, state: LoaderState) -> None:
         """Replay the epoch's opening draws from the saved generator states, then skip what was consumed."""
-        self._generator_states = state["generators"]
+        self._generator_states = state.generators
         with replaying(self._generators, self._generator_states):
             self._sampler_iter = iter(self._index_sampler)
-            drawn = _random.draw_seed(loader.generator) if state["draws_base_seed"] else None
-            self._base_seed = drawn if state["base_seed"] is None else state["base_seed"]
+            drawn = _random.draw_seed(loader.generator) if state.draws_base_seed else None
+            self._base_seed = drawn if state.base_seed is None else state.base_seed
             if self._num_workers > 0:  # the multi-worker _reset makes it again, as torch does
                 self._sampler_iter = iter(self._index_sampler)
-            for _ in range(state["tasks_done"]):
+            for _ in range(state.tasks_done):
                 next(self._sampler_iter, None)
             # If the saved iterator had already drawn its permutation (workers prefetch at once;
             # one process draws at the first batch), draw it now, while the generators are replayed.
-            if self._num_workers > 0 or state["tasks_done"] > 0:
+            if self._num_workers > 0 or state.tasks_done > 0:
                 first = next(self._sampler_iter, _END)
                 self._sampler_iter = iter(()) if first is _END else itertools.chain([first], self._sampler_iter)
 
@@ -420,36 +412,27 @@ class _BaseDataLoaderIter:
 
     def __next__(self):
         try:
-            data = self._next_data() if self._trace is None else self._traced_next_data()
+            data = self._next_data()
         except StopIteration:
             self._exhausted = True
             raise
         self._num_yielded += 1
-        reported = self._IterableDataset_len_called
-        if self._dataset_kind == _DatasetKind.Iterable and reported is not None and self._num_yielded > reported:
-            msg = (
-                f"Length of IterableDataset {self._dataset} was reported to be {reported} (when accessing "
-                f"len(dataloader)), but {self._num_yielded} samples have been fetched. "
+        if (
+            self._dataset_kind == _DatasetKind.Iterable
+            and self._IterableDataset_len_called is not None
+            and self._num_yielded > self._IterableDataset_len_called
+        ):
+            warn_msg = (  # torch's words, to the letter
+                f"Length of IterableDataset {self._dataset} was reported to be {self._IterableDataset_len_called}"
+                f"(when accessing len(dataloader)), but {self._num_yielded} samples have been fetched. "
             )
             if self._num_workers > 0:
-                msg += "With workers, each replica of the IterableDataset must shard itself (get_worker_info)."
-            warnings.warn(msg, stacklevel=2)
-        return data
-
-    def _traced_next_data(self):
-        """``_next_data``, recording the consumer's time since the last batch and the wait for this one."""
-        start = now()
-        if self._last_yield is not None:
-            self._consumer_recorder.add("consumer", self._trace_batch, self._last_yield, start)
-            self._trace.extend(self._consumer_recorder.take())
-        try:
-            data = self._next_data()
-        finally:
-            self._trace.extend(self._recorder.take())  # what happened inside, even on StopIteration
-        self._last_yield = end = now()
-        self._recorder.add("wait", self._trace_batch, start, end)
-        self._recorder.add("yield", self._trace_batch, end)
-        self._trace.extend(self._recorder.take())
+                warn_msg += (
+                    "For multiprocessing data-loading, this could be caused by not properly configuring the "
+                    "IterableDataset replica at each worker. Please see "
+                    "https://pytorch.org/docs/stable/data.html#torch.utils.data.IterableDataset for examples."
+                )
+            warnings.warn(warn_msg, stacklevel=2)
         return data
 
     def __len__(self) -> int:
@@ -459,41 +442,46 @@ class _BaseDataLoaderIter:
         raise NotImplementedError(f"{self.__class__.__name__} cannot be pickled")
 
 
+def _is_generator(g) -> bool:
+    if g is None or isinstance(g, np.random.Generator):
+        return True
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(g, torch.Generator)
+
+
 class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
     """``num_workers=0``: the main process samples, fetches, collates (and pins) each batch itself."""
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
-        main_state = self._resumed.get("main") if self._resumed is not None else None
+        if self._timeout != 0:
+            raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
+        main_state = self._resumed.main if self._resumed is not None else None
         if main_state is not None:  # the global streams and the dataset as they were when saved
             restore_worker_state(main_state, None, self._dataset)
-        self._dataset_fetcher = _DatasetKind.create_fetcher(
-            self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last
-        )
+        self._dataset_fetcher = self._create_fetcher()
         if main_state is not None and main_state["ended"]:
             self._dataset_fetcher.ended = True
 
+    def _create_fetcher(self):
+        return _DatasetKind.create_fetcher(
+            self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last
+        )
+
     def _next_data(self):
         index = self._next_index()  # may raise StopIteration
-        if self._recorder is not None:
-            self._trace_batch = self._dataset_fetcher.batch = self._num_yielded
-            self._dataset_fetcher.recorder = self._recorder
         data = self._dataset_fetcher.fetch(index)  # may raise StopIteration
         if self._pin_memory:
             from minidl.pin_memory import pin_memory
 
-            start = now()
             data = pin_memory(data, self._pin_memory_device)
-            if self._recorder is not None:
-                self._recorder.add("pin", self._trace_batch, start, now())
         return data
 
-    def _state_dict(self) -> dict:
-        state = _base_state(self, tasks_done=self._num_yielded)
+    def _state_dict(self, loader: DataLoader) -> LoaderState:
         dataset = self._dataset if self._dataset_kind == _DatasetKind.Iterable else None
-        state["main"] = capture_worker_state("main", None, dataset)
-        state["main"]["ended"] = getattr(self._dataset_fetcher, "ended", False)  # see _worker_loop's snapshot
-        return state
+        main = capture_worker_state("main", None, dataset)
+        main["ended"] = getattr(self._dataset_fetcher, "ended", False)  # see _worker_loop's snapshot
+        return _loader_state(loader, self, tasks_done=self._num_yielded, main=main)
 
 
 # Iterators with live workers, shut down at interpreter exit before multiprocessing's own exit
@@ -528,6 +516,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     # Bookkeeping: task k is sent with _send_idx == k; _task_info[k] is (worker,) while in flight
     # and (worker, batch) once it arrived early; _rcvd_idx is the next task to hand back. At most
     # prefetch_factor * num_workers tasks are in flight; each batch handed back frees one slot.
+    # _receive() files each arriving message; _next_data and state_dict() both read through it.
     #
     # Shutdown protocol (_shutdown_workers), run on exhaustion, error, `del`, GC or exit:
     #   1. Mark the iterator shut down, so it runs once.
@@ -542,9 +531,24 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #
     # Failures surface in the main process rather than hanging it:
     #   * an exception in a worker travels as an ExceptionWrapper and is re-raised by type;
-    #   * while waiting, the main process polls every MP_STATUS_CHECK_INTERVAL seconds and
-    #     raises RuntimeError naming the pid and exit code of any worker that died;
-    #   * with timeout > 0, a batch that takes longer raises RuntimeError naming the timeout;
+    #   * a dead worker process (os._exit, SIGKILL, a segfault, the OOM killer) is reported as a
+    #     RuntimeError naming its pid and how it ended (exit code or signal), in three ways:
+    #     - at once: for process workers started from the main thread, a SIGCHLD handler
+    #       (_utils._set_SIGCHLD_handler, as torch's) looks at the registered worker pids whenever
+    #       a child ends and raises if one of ours ended badly;
+    #     - on a failed read: a worker that dies right after putting a batch leaves a handle to
+    #       shared memory nobody can open, and the read fails (EOFError, ConnectionResetError).
+    #       torch checks its workers then, but a worker not yet reaped still looks alive, and the
+    #       raw error escapes (torch 2.13: 3 runs in 10 here). minidl joins its workers briefly
+    #       first, so the dead one is seen and named every time (scripts/fault_loop.py counts);
+    #     - while waiting: every MP_STATUS_CHECK_INTERVAL seconds the main process checks them.
+    #     The iterator then shuts down and raises the same error on every later next(): its
+    #     epoch can't finish, and must not end as if complete;
+    #   * a failed read while this process is out of file descriptors (EMFILE: every batch from a
+    #     process worker holds one) says so: raise `ulimit -n`, or use the 'file_system' sharing
+    #     strategy (torch.multiprocessing.set_sharing_strategy), which holds none;
+    #   * with timeout > 0, a batch that takes longer raises RuntimeError naming the timeout; as in
+    #     torch the iterator lives on, and the next next() serves the rest of the epoch;
     #   * a process worker polls for its parent, and exits if the main process died.
     #
     # Which thread owns what (this matters without the GIL, where threads truly run at once):
@@ -561,6 +565,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
         self._snapshots = loader.stateful
+        if self._prefetch_factor <= 0:
+            raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         if self._worker_method == "thread":
             context = _ThreadContext
         else:
@@ -572,10 +578,17 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._workers_done_event = context.Event()
         self._index_queues = []
         self._workers = []
+        self._failure = None  # set when a worker died: every later next() raises it again
         self._shutdown = False  # from here on, __del__ has workers and queues to clean up
         for i in range(self._num_workers):
             index_queue = context.Queue()
             index_queue.cancel_join_thread()  # main puts here; never block exit on its feeder
+            options = _WorkerOptions(
+                worker_method=self._worker_method,
+                trace=loader.trace is not None,
+                snapshots=self._prefetch_factor * self._num_workers + 1 if self._snapshots else 0,
+                resume_state=self._resumed.worker_state(i) if self._resumed is not None else None,
+            )
             w = context.Process(
                 target=_worker_loop,
                 args=(
@@ -592,10 +605,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     i,
                     self._num_workers,
                     self._persistent_workers,
-                    self._worker_method,
-                    self._trace is not None,
-                    self._prefetch_factor * self._num_workers + 1 if loader.stateful else 0,
-                    self._resumed["workers"][i] if self._resumed and "workers" in self._resumed else None,
+                    options,
                 ),
                 name=f"minidl_worker_{i}",
             )
@@ -606,26 +616,15 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             self._workers.append(w)
 
         if self._pin_memory:
-            from minidl.pin_memory import _pin_memory_loop
-
             self._pin_memory_thread_done_event = threading.Event()
             self._data_queue = queue.Queue()
-            self._pin_memory_thread = threading.Thread(
-                target=_pin_memory_loop,
-                args=(
-                    self._worker_result_queue,
-                    self._data_queue,
-                    self._pin_memory_thread_done_event,
-                    self._pin_memory_device,
-                    Recorder("pin") if self._trace is not None else None,
-                ),
-                daemon=True,
-                name="minidl_pin_memory",
-            )
-            self._pin_memory_thread.start()
+            self._pin_memory_thread = self._start_pin_memory_thread(self._worker_result_queue, self._data_queue)
         else:
             self._data_queue = self._worker_result_queue
 
+        if self._worker_method == "multiprocessing":  # see the NOTE: a dead worker is reported at once
+            _utils._set_worker_pids(id(self), tuple(w.pid for w in self._workers))
+            _utils._set_SIGCHLD_handler()
         global _atexit_registered
         _live_iterators.add(self)
         if not _atexit_registered:
@@ -633,7 +632,21 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             _atexit_registered = True
         self._reset(loader, first_iter=True)
 
+    def _start_pin_memory_thread(self, in_queue, out_queue) -> threading.Thread:
+        from minidl.pin_memory import _pin_memory_loop
+
+        thread = threading.Thread(
+            target=_pin_memory_loop,
+            args=(in_queue, out_queue, self._pin_memory_thread_done_event, self._pin_memory_device),
+            daemon=True,
+            name="minidl_pin_memory",
+        )
+        thread.start()
+        return thread
+
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
+        if self._failure is not None:  # persistent workers, one of them dead: as torch, raise again
+            raise RuntimeError(self._failure)
         super()._reset(loader, first_iter)
         self._send_idx = 0  # idx of the next task to be sent to workers
         self._rcvd_idx = 0  # idx of the next task to be returned in __next__
@@ -642,7 +655,6 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._workers_status = [True] * self._num_workers  # False once a worker is told to stop
         self._workers_num_tasks = [0] * self._num_workers  # tasks in flight per worker
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
-        self._received_at = {}  # tracing only: task idx -> when it arrived early
         if first_iter and self._resumed is not None:
             self._resume_dispatch(self._resumed)
         if not first_iter:
@@ -657,19 +669,19 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
 
-    def _resume_dispatch(self, state: dict) -> None:
+    def _resume_dispatch(self, state: LoaderState) -> None:
         """Continue task numbering and round-robin exactly where the saved iterator stood."""
-        self._send_idx = self._rcvd_idx = state["tasks_done"]
-        for worker_id, ended in enumerate(state.get("workers_ended", ())):
+        self._send_idx = self._rcvd_idx = state.tasks_done
+        for worker_id, ended in enumerate(state.workers_ended or ()):
             if ended:  # its IterableDataset replica had run out
                 self._workers_status[worker_id] = False
                 if not self._persistent_workers:
                     self._index_queues[worker_id].put(None)
-        for _ in range(state.get("next_worker") or 0):  # the next dispatch goes to next_worker
+        for _ in range(state.next_worker or 0):  # the next dispatch goes to next_worker
             next(self._worker_queue_idx_cycle)
 
-    def _state_dict(self) -> dict:
-        """Ask each active worker for its state before its first batch not yet handed out."""
+    def _ask_workers_for_state(self, k: int) -> dict[int, dict]:
+        """Each active worker's state just before its first task numbered ``k`` or later."""
         if not self._in_order:
             raise ValueError("state_dict() needs in_order=True: out of order, what comes next is not reproducible")
         if self._shutdown:
@@ -680,59 +692,66 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         if self._worker_method == "thread" and self._dataset_kind == _DatasetKind.Iterable:
             raise ValueError("state_dict() can't save an IterableDataset shared by thread workers: their "
                              "replicas are one object; use worker_method='multiprocessing'")
-        k = self._rcvd_idx
         pending = {i for i, active in enumerate(self._workers_status) if active}
         for i in pending:
             self._index_queues[i].put(_StateRequest(k))
         states = {}
         while pending:
-            idx, data, *events = self._get_data()
+            idx, data = self._receive()  # batches in flight are filed as the loop would file them
             if isinstance(idx, _StateRequest):
                 worker_id, state = data
                 states[worker_id] = state
                 pending.discard(worker_id)
-                continue
-            # A batch that was in flight: keep it, exactly as _next_data would on an early arrival.
-            self._tasks_outstanding -= 1
-            if self._recorder is not None:
-                self._trace.extend(events[0] if events else [])
-            if isinstance(data, _IterableDatasetStopIteration):
-                self._workers_status[data.worker_id] = False
-                if not self._persistent_workers:
-                    self._index_queues[data.worker_id].put(None)
-            else:
-                self._task_info[idx] += (data,)
-        state = _base_state(self, tasks_done=k)
-        state["workers"] = [states.get(i) for i in range(self._num_workers)]
-        state["workers_ended"] = [i not in states or states[i]["ended"] for i in range(self._num_workers)]
-        state["next_worker"] = self._task_info[k][0] if k in self._task_info else None
-        return state
+        return states
+
+    def _state_dict(self, loader: DataLoader) -> LoaderState:
+        """Where this epoch stands: the workers' states before the first batch not handed out yet."""
+        k = self._rcvd_idx
+        states = self._ask_workers_for_state(k)
+        return _loader_state(
+            loader, self, tasks_done=k, workers=[states.get(i) for i in range(self._num_workers)],
+            workers_ended=[i not in states or states[i]["ended"] for i in range(self._num_workers)],
+            next_worker=self._task_info[k][0] if k in self._task_info else None,
+        )
 
     def _try_get_data(self, timeout: float = MP_STATUS_CHECK_INTERVAL):
         """One bounded wait on the data queue: (True, data), or (False, None) if nothing came."""
         try:
             return True, self._data_queue.get(timeout=timeout)
-        except queue.Empty:
-            failed = [
-                (i, w) for i, w in enumerate(self._workers) if self._workers_status[i] and not w.is_alive()
-            ]
+        except Exception as e:
+            # A failed read (not a timeout) most likely means a worker died: give it time to be seen.
+            failed = self._failed_workers(wait=not isinstance(e, queue.Empty))
             if failed:
-                for i, _ in failed:
-                    self._mark_worker_as_unavailable(i)
-                self._shutdown_workers()
-                raise RuntimeError(
-                    "DataLoader worker(s) exited unexpectedly: "
-                    + ", ".join(_describe_exit(w) for _, w in failed)
-                ) from None
-            return False, None
+                self._fail(failed, e)
+            if isinstance(e, queue.Empty):
+                return False, None
+            _raise_if_out_of_file_descriptors()
+            raise
+
+    def _fail(self, failed: list, cause: BaseException | None = None):
+        """Shut down for good, and raise the RuntimeError naming the dead workers (again on every next())."""
+        if failed[0].pid is None:  # a thread worker left its loop without the sentinel
+            self._failure = f"DataLoader worker thread(s) {[w.name for w in failed]} exited unexpectedly"
+        else:
+            self._failure = _utils.worker_failure_message([(w.pid, w.exitcode) for w in failed])
+        self._shutdown_workers()
+        raise RuntimeError(self._failure) from cause
+
+    def _failed_workers(self, wait: bool) -> list:
+        """The workers that should be running and are not; with ``wait``, join them up to one interval first."""
+        deadline = _utils.now() + (MP_STATUS_CHECK_INTERVAL if wait else 0.0)
+        while True:
+            failed = [w for i, w in enumerate(self._workers) if self._workers_status[i] and not w.is_alive()]
+            if failed or _utils.now() >= deadline:
+                return failed
+            for w in self._workers:
+                w.join(timeout=0.01)
 
     def _get_data(self):
         if self._timeout > 0:
-            deadline_wait = self._timeout
-            success, data = self._try_get_data(deadline_wait)
+            success, data = self._try_get_data(self._timeout)
             if success:
                 return data
-            self._shutdown_workers()
             raise RuntimeError(f"DataLoader timed out after {self._timeout} seconds")
         while True:
             if self._pin_memory and not self._pin_memory_thread.is_alive():
@@ -741,11 +760,33 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             if success:
                 return data
 
+    def _receive(self):
+        """Take one message off the data queue and file it, for ``_next_data`` and ``state_dict()`` alike.
+
+        A batch goes into ``_task_info`` beside its worker; an exhausted replica's worker stops
+        getting tasks. A worker's answer to a ``_StateRequest`` is returned untouched.
+        """
+        idx, data = self._get_data()
+        if isinstance(idx, _StateRequest):
+            return idx, data
+        self._tasks_outstanding -= 1
+        if isinstance(data, _IterableDatasetStopIteration):
+            # This replica is exhausted: stop sending it work (but keep persistent ones).
+            if self._persistent_workers:
+                self._workers_status[data.worker_id] = False
+            else:
+                self._mark_worker_as_unavailable(data.worker_id)
+            self._try_put_index()
+        else:
+            self._task_info[idx] += (data,)
+        return idx, data
+
     def _next_data(self):
-        # Tracing only: since when has a later batch sat ready while we wait for this one?
-        held_since = None
-        if self._recorder is not None and any(len(v) == 2 for v in self._task_info.values()):
-            held_since = now()
+        if self._failure is not None:
+            raise RuntimeError(self._failure)
+        if self._worker_method == "multiprocessing" and not self._shutdown and id(self) not in _utils._worker_pids:
+            # The SIGCHLD handler reported a dead worker, maybe in the middle of our bookkeeping: stop here.
+            self._fail(self._failed_workers(wait=True) or self._workers)
         while True:
             # Skip tasks that will never be answered (their worker stopped: an exhausted
             # IterableDataset replica) until the next task that has data or is still coming.
@@ -762,47 +803,22 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     self._shutdown_workers()
                 raise StopIteration
 
-            # The next task in order already arrived early: hand it back from the buffer.
+            # The next task in order has arrived: hand it back (from the reorder buffer if it came early).
             if len(self._task_info[self._rcvd_idx]) == 2:
                 worker_id, data = self._task_info.pop(self._rcvd_idx)
-                if self._recorder is not None:
-                    self._recorder.add("reorder", self._rcvd_idx, self._received_at.pop(self._rcvd_idx), now())
                 self._rcvd_idx += 1
                 return self._process_data(data, worker_id, self._rcvd_idx - 1)
 
-            waited_since = now() if self._recorder is not None else None
-            idx, data, *events = self._get_data()
-            self._tasks_outstanding -= 1
-            if self._recorder is not None:
-                self._trace.extend(events[0] if events else [])
-                self._recorder.instant("receive", idx, waited_since=waited_since)
-            if isinstance(data, _IterableDatasetStopIteration):
-                # This replica is exhausted: stop sending it work (but keep persistent ones).
-                if self._persistent_workers:
-                    self._workers_status[data.worker_id] = False
-                else:
-                    self._mark_worker_as_unavailable(data.worker_id)
-                self._try_put_index()
-                continue
-
-            if idx != self._rcvd_idx:
-                if not self._in_order:
-                    worker_id = self._task_info.pop(idx)[0]
-                    return self._process_data(data, worker_id, idx)
-                self._task_info[idx] += (data,)  # early: hold it in the reorder buffer
-                if self._recorder is not None:
-                    self._received_at[idx] = now()
-                    held_since = held_since or now()
-            else:
-                worker_id = self._task_info.pop(idx)[0]
-                self._rcvd_idx += 1
-                if held_since is not None:
-                    self._recorder.add("reorder_block", idx, held_since, now())
+            assert not self._shutdown and self._tasks_outstanding > 0
+            idx, data = self._receive()
+            if not self._in_order and idx != self._rcvd_idx and len(self._task_info.get(idx, ())) == 2:
+                worker_id, data = self._task_info.pop(idx)  # out of order: hand it back at once
                 return self._process_data(data, worker_id, idx)
 
     def _try_put_index(self) -> None:
         """Send the next batch of indices to the next active worker, round-robin."""
         max_tasks = self._prefetch_factor * self._num_workers
+        assert self._tasks_outstanding < max_tasks
         try:
             index = self._next_index()
         except StopIteration:
@@ -819,8 +835,6 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         else:
             return  # no active worker can take it
 
-        if self._recorder is not None:
-            self._recorder.instant("send", self._send_idx, worker=worker_queue_idx)
         self._index_queues[worker_queue_idx].put((self._send_idx, index))
         self._task_info[self._send_idx] = (worker_queue_idx,)
         self._workers_num_tasks[worker_queue_idx] += 1
@@ -828,7 +842,6 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._send_idx += 1
 
     def _process_data(self, data, worker_id: int, idx: int):
-        self._trace_batch = idx
         self._workers_num_tasks[worker_id] -= 1
         self._try_put_index()  # a slot freed: keep the pipeline full
         if isinstance(data, ExceptionWrapper):
@@ -837,14 +850,17 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
 
     def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
         # Send the sentinel so the worker exits its loop (a dead one just never reads it).
+        assert self._workers_status[worker_id] or (self._persistent_workers and shutdown)
         self._index_queues[worker_id].put(None)
         self._workers_status[worker_id] = False
+        assert self._workers_done_event.is_set() == shutdown
 
     def _shutdown_workers(self) -> None:
         # See NOTE [ Worker queues and shutdown ] for the numbered steps.
         if self._shutdown:
             return
         self._shutdown = True  # 1
+        _utils._remove_worker_pids(id(self))  # workers end on purpose from here: no SIGCHLD error
         try:
             if hasattr(self, "_pin_memory_thread"):  # 2
                 self._pin_memory_thread_done_event.set()
@@ -872,22 +888,44 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._shutdown_workers()
 
 
-def _base_state(it: _BaseDataLoaderIter, tasks_done: int) -> dict:
-    return {"version": STATE_VERSION, "num_workers": it._num_workers, "worker_method": it._worker_method,
-            "tasks_done": tasks_done, "num_yielded": it._num_yielded, "generators": it._generator_states,
-            "base_seed": it._base_seed, "draws_base_seed": it._epoch_draws_base_seed}
+def _raise_if_out_of_file_descriptors() -> None:
+    """After a failed read: if this process can't open 10 more files, say so, as torch does."""
+    import contextlib
+    import errno
+    import tempfile
+
+    try:
+        with contextlib.ExitStack() as stack:
+            for _ in range(10):
+                stack.enter_context(tempfile.NamedTemporaryFile())
+    except OSError as e:
+        if e.errno == errno.EMFILE:
+            raise RuntimeError(
+                "Too many open files. Communication with the workers is no longer possible. Please increase "
+                "the limit using `ulimit -n` in the shell or change the sharing strategy by calling "
+                "`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of your code"
+            ) from None
 
 
-def _describe_exit(w) -> str:
-    """'pid 123 (exit code -9, killed by SIGKILL)' for a dead worker process; its name for a thread."""
-    if w.pid is None:
-        return f"thread {w.name}"
-    code = w.exitcode
-    if code is not None and code < 0:
-        import signal
+def _loader_state(loader: DataLoader, it: _BaseDataLoaderIter | None, tasks_done: int, **extra) -> LoaderState:
+    """The one place a LoaderState is built: from an iterator mid-epoch, or between epochs.
 
-        try:
-            return f"pid {w.pid} (exit code {code}, killed by {signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return f"pid {w.pid} (exit code {code})"
+    Between epochs (no iterator, or an exhausted one) the next epoch's draws start from the
+    generators as they are now; persistent workers keep their base_seed and their streams.
+    """
+    between = it is None or it._exhausted
+    persistent = between and it is not None and it is loader._iterator
+    if between:
+        generators, base_seed, draws = capture_generators(generators_of(loader)), None, True
+        if persistent:  # the workers carry their random streams into the next epoch
+            workers = it._ask_workers_for_state(it._rcvd_idx)
+            extra.update(workers=[workers.get(i) for i in range(loader.num_workers)],
+                         workers_ended=[False] * loader.num_workers)
+            base_seed, draws = it._base_seed, False
+    else:
+        generators, base_seed, draws = it._generator_states, it._base_seed, it._epoch_draws_base_seed
+    return LoaderState(num_workers=loader.num_workers, worker_method=loader.worker_method,
+                       dataset_len=_len_or_none(loader.dataset), batch_size=loader.batch_size,
+                       sampler=type(loader.sampler).__name__, tasks_done=tasks_done,
+                       num_yielded=0 if between else it._num_yielded, generators=generators,
+                       base_seed=base_seed, draws_base_seed=draws, **extra)

@@ -7,11 +7,8 @@ remembers where its dataset iterator stands.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
-
-now = time.perf_counter  # the clock minidl/trace.py records with
 
 Index = Any  # one dataset key, or a list of them when auto_collation is on
 
@@ -24,8 +21,7 @@ class _BaseDatasetFetcher:
         self.auto_collation = auto_collation  # True: the sampler yields lists of indices (batches)
         self.collate_fn = collate_fn
         self.drop_last = drop_last
-        self.recorder = None  # a minidl.trace.Recorder when the DataLoader traces, else None
-        self.batch = None  # the task being fetched, for the recorder
+
     def fetch(self, possibly_batched_index: Index) -> Any:
         """The collated batch (or converted sample) for ``possibly_batched_index``."""
         raise NotImplementedError
@@ -40,8 +36,6 @@ class _MapDatasetFetcher(_BaseDatasetFetcher):
             return self.collate_fn(self.dataset[possibly_batched_index])
         # A dataset may fetch a whole batch at once (one database query, one slice of an array);
         # setting __getitems__ = None switches that off, as in torch.
-        if self.recorder is not None:
-            return self._traced_fetch(possibly_batched_index)
         if getattr(self.dataset, "__getitems__", None):
             data = self.dataset.__getitems__(possibly_batched_index)
         else:
@@ -49,21 +43,6 @@ class _MapDatasetFetcher(_BaseDatasetFetcher):
             for idx in possibly_batched_index:
                 data.append(self.dataset[idx])
         return self.collate_fn(data)
-
-    def _traced_fetch(self, possibly_batched_index: Index) -> Any:
-        """The same steps as ``fetch``, each recorded as a span (see minidl/trace.py)."""
-        rec, batch = self.recorder, self.batch
-        with rec.span("fetch", batch):
-            if getattr(self.dataset, "__getitems__", None):
-                data = self.dataset.__getitems__(possibly_batched_index)
-            else:
-                data = []
-                for idx in possibly_batched_index:  # timed inline: a span per sample would cost more
-                    start = now()
-                    data.append(self.dataset[idx])
-                    rec.add("getitem", batch, start, now(), index=idx)
-        with rec.span("collate", batch):
-            return self.collate_fn(data)
 
 
 class _IterableDatasetFetcher(_BaseDatasetFetcher):
@@ -105,7 +84,7 @@ class _DatasetKind:
 
     @staticmethod
     def create_fetcher(
-        kind: int, dataset: Any, auto_collation: bool, collate_fn: Callable, drop_last: bool
+        kind: int, dataset: Any, auto_collation: bool, collate_fn: Callable, drop_last: bool, recorder=None
     ) -> _BaseDatasetFetcher:
         """The fetcher for ``kind``, built for ``dataset``.
 
@@ -113,6 +92,10 @@ class _DatasetKind:
         >>> fetcher.fetch([0, 2, 4])
         ['a', 'c', 'e']
         """
+        if recorder is not None:  # minidl's tracing layer: the same fetchers, each step recorded
+            from minidl.trace import traced_fetcher
+
+            return traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder)
         if kind == _DatasetKind.Map:
             return _MapDatasetFetcher(dataset, auto_collation, collate_fn, drop_last)
         return _IterableDatasetFetcher(dataset, auto_collation, collate_fn, drop_last)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import collections.abc
 import copy
 import queue
-import time
 from typing import Any
 
-from minidl.worker import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
+from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 
 
 def pin_memory(data: Any, device: str | None = None) -> Any:
@@ -50,12 +49,11 @@ def pin_memory(data: Any, device: str | None = None) -> Any:
     return data
 
 
-def _pin_memory_loop(in_queue, out_queue, done_event, device: str | None, recorder=None) -> None:
+def _pin_memory_loop(in_queue, out_queue, done_event, device: str | None) -> None:
     """Move ``(idx, batch)`` pairs from ``in_queue`` to ``out_queue``, pinning each batch.
 
     Order is kept (one thread, FIFO). Worker exceptions pass through untouched; a failure to
-    pin becomes an ``ExceptionWrapper`` for the consumer. Stops when ``done_event`` is set. A traced
-    item ``(idx, batch, events)`` gets a "pin" event added (``recorder``: a minidl.trace.Recorder).
+    pin becomes an ``ExceptionWrapper`` for the consumer. Stops when ``done_event`` is set.
     See NOTE [ Worker queues and shutdown ] in dataloader.py.
     """
     while not done_event.is_set():
@@ -63,16 +61,12 @@ def _pin_memory_loop(in_queue, out_queue, done_event, device: str | None, record
             r = in_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)
         except queue.Empty:
             continue
-        idx, data, *events = r
+        idx, data, *events = r  # a traced batch carries its events too (minidl/trace.py)
         if not done_event.is_set() and not isinstance(data, ExceptionWrapper):
-            start = time.perf_counter()
             try:
                 data = pin_memory(data, device)
             except Exception:
                 data = ExceptionWrapper(where="in pin memory thread")
-            if recorder is not None and events:
-                recorder.add("pin", idx, start, time.perf_counter())
-                events[0].extend(recorder.take())
             r = (idx, data, *events)
         while not done_event.is_set():
             try:

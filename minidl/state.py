@@ -17,14 +17,91 @@ import random
 import sys
 from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import numpy as np
 
 from minidl import _random
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+
+
+@dataclass
+class LoaderState:
+    """Everything ``DataLoader.state_dict()`` saves; it returns this as a plain dict (``to_dict``)."""
+
+    num_workers: int
+    worker_method: str
+    dataset_len: int | None  # len(dataset), where it has one: a state belongs to its dataset
+    batch_size: int | None
+    sampler: str  # the sampler's class: RandomSampler (shuffle=True), SequentialSampler, ...
+    tasks_done: int  # index batches the consumer got (or skipped past): the resumed sampler skips them
+    num_yielded: int
+    generators: list  # the loader's generators just before the epoch's first draws (see replaying)
+    base_seed: int | None  # None: draw it again from the replayed generators
+    draws_base_seed: bool
+    next_worker: int | None = None  # where round-robin dispatch continues
+    workers: list | None = None  # each worker's state just before its next batch (capture_worker_state)
+    workers_ended: list | None = None  # True for a worker whose IterableDataset replica ran out
+    main: dict | None = None  # num_workers=0: the main process's streams and dataset
+    version: int = STATE_VERSION
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def worker_state(self, worker_id: int) -> dict | None:
+        """What worker ``worker_id`` restores before its first task (None: nothing saved)."""
+        if self.workers is None:
+            return None
+        if self.workers[worker_id] is None and self.workers_ended and self.workers_ended[worker_id]:
+            return {"ended": True}  # its replica had run out, so it was not asked for its state
+        return self.workers[worker_id]
+
+    @classmethod
+    def from_dict(cls, state: dict, loader) -> LoaderState:
+        """Check ``state`` against ``loader`` and return it as a LoaderState; ValueError naming what is wrong."""
+        if not isinstance(state, dict):
+            raise ValueError(f"load_state_dict expects the dict state_dict() returned, but got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"state_dict version {state.get('version')!r} is not {STATE_VERSION}")
+        names = [f.name for f in fields(cls)]
+        for f in fields(cls):
+            if f.name not in state and f.default is not None:
+                raise ValueError(f"state_dict is missing the key {f.name!r}: pass what DataLoader.state_dict() "
+                                 "returned")
+        unknown = sorted(set(state) - set(names))
+        if unknown:
+            raise ValueError(f"state_dict has unknown key(s) {unknown}: was it saved by DataLoader.state_dict()?")
+        new = cls(**state)
+        for key, have in (("num_workers", loader.num_workers), ("worker_method", loader.worker_method),
+                          ("dataset_len", _len_or_none(loader.dataset)), ("batch_size", loader.batch_size),
+                          ("sampler", type(loader.sampler).__name__)):
+            if getattr(new, key) != have:
+                raise ValueError(
+                    f"this state_dict was saved with {key}={getattr(new, key)!r} but this DataLoader has "
+                    f"{key}={have!r}: a state resumes only the loader it came from, so resume with "
+                    f"{key}={getattr(new, key)!r}"
+                )
+        length = _len_or_none(loader._index_sampler) if loader._dataset_kind == 0 else None
+        if not 0 <= new.num_yielded <= new.tasks_done or (length is not None and new.tasks_done > length):
+            raise ValueError(f"state_dict counters out of range: tasks_done={new.tasks_done}, num_yielded="
+                             f"{new.num_yielded}, for an epoch of {length} batches")
+        for key in ("workers", "workers_ended"):
+            value = getattr(new, key)
+            if value is not None and len(value) != new.num_workers:
+                raise ValueError(f"state_dict key {key!r} has {len(value)} entries for {new.num_workers} workers")
+        if new.next_worker is not None and not 0 <= new.next_worker < max(new.num_workers, 1):
+            raise ValueError(f"state_dict key 'next_worker' is {new.next_worker}, out of range for "
+                             f"{new.num_workers} workers")
+        return new
+
+
+def _len_or_none(obj) -> int | None:
+    try:
+        return len(obj)
+    except TypeError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -37,15 +114,18 @@ class _StateRequest:
 # --- a worker's state -------------------------------------------------------------------------
 
 
-def capture_worker_state(worker_method: str, rng: np.random.Generator | None, dataset: Any) -> dict:
+def capture_worker_state(worker_method: str, rng, dataset: Any) -> dict:
     """The random streams a worker's dataset may draw from, and the dataset's own state if it has one.
 
-    ``worker_method="main"`` (no workers) saves the main process's global streams.
+    ``rng`` is a thread worker's ``_RNG`` (None elsewhere); ``worker_method="main"`` (no workers)
+    saves the main process's global streams.
     """
     state: dict[str, Any] = {}
-    if rng is not None:
-        state["rng"] = rng.bit_generator.state
-    if worker_method in ("multiprocessing", "main"):  # a thread worker must not touch the global streams
+    if rng is not None:  # a thread worker must not touch the global streams: its own three instead
+        state["rng"] = {"random": rng.random_generator.getstate(),
+                        "numpy": rng.numpy_generator.bit_generator.state,
+                        "torch": None if rng.torch_generator is None else _get(rng.torch_generator)}
+    else:
         state["random"] = random.getstate()
         state["numpy"] = np.random.get_state()
         if "torch" in sys.modules:  # as bytes: a tensor would travel through shared memory
@@ -55,10 +135,13 @@ def capture_worker_state(worker_method: str, rng: np.random.Generator | None, da
     return state
 
 
-def restore_worker_state(state: dict, rng: np.random.Generator | None, dataset: Any) -> None:
+def restore_worker_state(state: dict, rng, dataset: Any) -> None:
     """Put back what ``capture_worker_state`` saved."""
     if "rng" in state:
-        rng.bit_generator.state = state["rng"]
+        rng.random_generator.setstate(state["rng"]["random"])
+        rng.numpy_generator.bit_generator.state = state["rng"]["numpy"]
+        if rng.torch_generator is not None and state["rng"]["torch"] is not None:
+            _set(rng.torch_generator, state["rng"]["torch"])
     if "random" in state:
         random.setstate(state["random"])
         np.random.set_state(state["numpy"])

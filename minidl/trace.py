@@ -22,7 +22,9 @@ from collections import defaultdict
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-now = time.perf_counter
+from minidl._utils import now
+from minidl.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetcher
 
 # The steps of a batch's life, in the order they happen. Spans have a duration; the others are
 # instants (start == end).
@@ -43,6 +45,7 @@ class Recorder:
 
     def __init__(self, lane: str) -> None:
         self.lane = lane
+        self.batch = None  # in a worker: the task being worked on (set by _TracedTaskQueue)
         self.events: list[tuple] = []
         self._where = None  # (pid, thread id), read once, by the thread that records
 
@@ -72,6 +75,223 @@ class Recorder:
         return events
 
 
+class _TracedMapDatasetFetcher(_MapDatasetFetcher):
+    """``_MapDatasetFetcher.fetch`` with each ``__getitem__``, the fetch and the collate recorded."""
+
+    def __init__(self, dataset, auto_collation, collate_fn, drop_last, recorder: Recorder) -> None:
+        super().__init__(dataset, auto_collation, collate_fn, drop_last)
+        self.recorder = recorder
+
+    def fetch(self, possibly_batched_index, batch: int | None = None):
+        if not self.auto_collation:
+            return super().fetch(possibly_batched_index)
+        rec = self.recorder
+        batch = rec.batch if batch is None else batch
+        with rec.span("fetch", batch):
+            if getattr(self.dataset, "__getitems__", None):
+                data = self.dataset.__getitems__(possibly_batched_index)
+            else:
+                data = []
+                for idx in possibly_batched_index:  # timed inline: a span per sample would cost more
+                    start = now()
+                    data.append(self.dataset[idx])
+                    rec.add("getitem", batch, start, now(), index=idx)
+        with rec.span("collate", batch):
+            return self.collate_fn(data)
+
+
+class _TracedIterableDatasetFetcher(_IterableDatasetFetcher):
+    """``_IterableDatasetFetcher.fetch`` recorded as one "fetch" span (pulling and collating)."""
+
+    def __init__(self, dataset, auto_collation, collate_fn, drop_last, recorder: Recorder) -> None:
+        super().__init__(dataset, auto_collation, collate_fn, drop_last)
+        self.recorder = recorder
+
+    def fetch(self, possibly_batched_index, batch: int | None = None):
+        with self.recorder.span("fetch", self.recorder.batch if batch is None else batch):
+            return super().fetch(possibly_batched_index)
+
+
+def traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder: Recorder):
+    """The fetcher ``_DatasetKind.create_fetcher`` builds when the DataLoader traces."""
+    cls = _TracedMapDatasetFetcher if kind == _DatasetKind.Map else _TracedIterableDatasetFetcher
+    return cls(dataset, auto_collation, collate_fn, drop_last, recorder)
+
+
+class _TracedTaskQueue:
+    """A worker's index queue that tells the recorder which task the worker takes next."""
+
+    def __init__(self, queue, recorder: Recorder) -> None:
+        self.queue, self.recorder = queue, recorder
+
+    def get(self, timeout=None):
+        r = self.queue.get(timeout=timeout)
+        if isinstance(r, tuple):  # a task (idx, indices); the rest are control messages
+            self.recorder.batch = r[0]
+        return r
+
+
+class _TracedResultQueue:
+    """A worker's result queue that records each put and ships the task's events with its batch."""
+
+    def __init__(self, queue, recorder: Recorder) -> None:
+        self.queue, self.recorder = queue, recorder
+
+    def put(self, r) -> None:
+        idx, data = r
+        if isinstance(idx, int):  # a batch: acks and state answers travel as they are
+            self.recorder.instant("put", idx)
+            r = (idx, data, self.recorder.take())
+        self.queue.put(r)
+
+    def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
+        return getattr(self.queue, name)
+
+
+class _TracedPinInQueue(_TracedTaskQueue):
+    """The pin thread's input: notes when it took each batch."""
+
+    def get(self, timeout=None):
+        r = self.queue.get(timeout=timeout)
+        self.recorder.batch = (r[0], now())
+        return r
+
+
+class _TracedPinOutQueue(_TracedResultQueue):
+    """The pin thread's output: adds its "pin" span to the batch's events."""
+
+    def put(self, r, timeout=None) -> None:
+        idx, data, *events = r
+        if events and self.recorder.batch is not None:
+            batch, start = self.recorder.batch
+            self.recorder.batch = None  # once, even if the put is retried
+            self.recorder.add("pin", batch, start, now())
+            events[0].extend(self.recorder.take())
+        self.queue.put((idx, data, *events), timeout=timeout)
+
+
+def traced_worker_queues(index_queue, data_queue, worker_id: int):
+    """What ``_worker_loop`` uses instead of its queues when the DataLoader traces, and the recorder."""
+    recorder = Recorder(f"worker {worker_id}")
+    return _TracedTaskQueue(index_queue, recorder), _TracedResultQueue(data_queue, recorder), recorder
+
+
+class _TracedIterMixin:
+    """Records, around each ``next()``: the consumer's time since the last batch, the wait, the hand-over."""
+
+    def _start_tracing(self, loader) -> None:
+        self._trace = loader.trace
+        self._recorder = Recorder("main")
+        self._consumer_recorder = Recorder("consumer")
+        self._trace_batch = None  # the batch being handed back
+        self._last_yield = None  # when the consumer last got a batch
+
+    def __next__(self):
+        start = now()
+        if self._last_yield is not None:
+            self._consumer_recorder.add("consumer", self._trace_batch, self._last_yield, start)
+            self._trace.extend(self._consumer_recorder.take())
+        try:
+            data = super().__next__()
+        finally:
+            self._trace.extend(self._recorder.take())  # what happened inside, even on StopIteration
+        self._last_yield = end = now()
+        self._recorder.add("wait", self._trace_batch, start, end)
+        self._recorder.add("yield", self._trace_batch, end)
+        self._trace.extend(self._recorder.take())
+        return data
+
+
+class _TracedSingleProcessDataLoaderIter(_TracedIterMixin, _SingleProcessDataLoaderIter):
+    def __init__(self, loader) -> None:
+        self._start_tracing(loader)
+        super().__init__(loader)
+
+    def _create_fetcher(self):
+        return traced_fetcher(self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn,
+                              self._drop_last, self._recorder)
+
+    def _next_data(self):
+        index = self._next_index()  # may raise StopIteration
+        self._trace_batch = batch = self._num_yielded
+        data = self._dataset_fetcher.fetch(index, batch)  # may raise StopIteration
+        if self._pin_memory:
+            from minidl.pin_memory import pin_memory
+
+            with self._recorder.span("pin", batch):
+                data = pin_memory(data, self._pin_memory_device)
+        return data
+
+
+class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDataLoaderIter):
+    """Records each send and receive; workers record their own steps and ship them with each batch."""
+
+    def __init__(self, loader) -> None:
+        self._start_tracing(loader)
+        super().__init__(loader)
+
+    def _start_pin_memory_thread(self, in_queue, out_queue):
+        recorder = Recorder("pin")  # a "pin" span: from taking a batch off in_queue to putting it on out_queue
+        return super()._start_pin_memory_thread(_TracedPinInQueue(in_queue, recorder),
+                                                _TracedPinOutQueue(out_queue, recorder))
+
+    def _try_put_index(self) -> None:
+        sent, start = self._send_idx, now()
+        super()._try_put_index()
+        if self._send_idx > sent:
+            self._recorder.add("send", sent, start, worker=self._task_info[sent][0])
+
+    def _get_data(self):
+        waited_since = now()
+        idx, data, *events = super()._get_data()
+        if events:
+            self._trace.extend(events[0])
+        if isinstance(idx, int):
+            self._recorder.instant("receive", idx, waited_since=waited_since)
+        return idx, data
+
+    def _process_data(self, data, worker_id: int, idx: int):
+        self._trace_batch = idx
+        return super()._process_data(data, worker_id, idx)
+
+
+def _reorder_events(events: list[dict]) -> list[dict]:
+    """Reorder spans, derived from each batch's receive and the consumer's wait for it (in order only).
+
+    "reorder": a batch that arrived while an earlier one was still to be handed out sat in the
+    reorder buffer from its receive to its hand-over. "reorder_block": the consumer waited for a
+    batch while a later one had already arrived.
+    """
+    received: dict[int, float] = {}
+    epochs: list[list[tuple[int, float, dict]]] = [[]]  # (batch, receive, wait) in hand-over order
+    for e in events:
+        if e["event"] == "receive":
+            received[e["batch"]] = e["start"]
+        elif e["event"] == "wait" and e["batch"] in received:
+            if epochs[-1] and e["batch"] < epochs[-1][-1][0]:
+                epochs.append([])  # task numbers start again: a new epoch
+            epochs[-1].append((e["batch"], received.pop(e["batch"]), e))
+    out = []
+
+    def span(name: str, batch: int, start: float, wait: dict) -> dict:
+        return {"event": name, "lane": "main", "batch": batch, "start": start, "end": wait["end"],
+                "pid": wait["pid"], "tid": wait["tid"]}
+
+    for epoch in epochs:
+        latest_earlier_yield = -math.inf
+        for batch, receive, wait in epoch:
+            if latest_earlier_yield > receive:
+                out.append(span("reorder", batch, receive, wait))
+            latest_earlier_yield = max(latest_earlier_yield, wait["end"])
+        earliest_later_receive = math.inf
+        for batch, receive, wait in reversed(epoch):
+            start = max(wait["start"], earliest_later_receive)
+            if start < receive:
+                out.append(span("reorder_block", batch, start, wait))
+            earliest_later_receive = min(earliest_later_receive, receive)
+    return out
+
+
 @dataclass
 class Trace:
     """Every event a traced DataLoader recorded, across its epochs (``clear()`` to start over)."""
@@ -89,8 +309,12 @@ class Trace:
 
     @property
     def events(self) -> list[dict]:
-        """Every event as a dict (fields that don't apply to it left out), in recording order."""
-        return [{k: v for k, v in zip(FIELDS, e) if v is not None} for e in self.raw]
+        """Every event as a dict (fields that don't apply to it left out), in recording order.
+
+        The reorder spans come last: they are derived from the others (``_reorder_events``).
+        """
+        events = [{k: v for k, v in zip(FIELDS, e) if v is not None} for e in self.raw]
+        return events + (_reorder_events(events) if self.in_order and self.num_workers > 0 else [])
 
     def rows(self) -> list[dict]:
         """The events as a list of dicts, sorted by start time."""
@@ -125,9 +349,12 @@ class Trace:
                 json.dump(trace, f)
         return trace
 
-    def plot(self, ax=None, title: str = "DataLoader timeline"):
-        """A Gantt chart: one lane per worker, plus the pin thread, the main process and the consumer."""
-        return plot_timeline(self.rows(), ax=ax, title=title)
+    def plot(self, ax=None, title: str = "DataLoader timeline", caption: str | None = None):
+        """A Gantt chart: one lane per worker, plus the pin thread, the main process and the consumer.
+
+        ``caption`` goes under the title: name the machine there (``minidl.bench.describe()``).
+        """
+        return plot_timeline(self.rows(), ax=ax, title=title, caption=caption)
 
     def diagnose(self) -> Diagnosis:
         """Where the time went, and the one change most likely to help."""
@@ -249,11 +476,9 @@ COLOURS = {"getitem": "#9ecae1", "fetch": "#3182bd", "collate": "#31a354", "reor
            "reorder_block": "#e6550d", "pin": "#756bb1", "wait": "#de2d26", "consumer": "#636363"}
 
 
-def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline"):
+def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline", caption: str | None = None):
     """Draw ``rows`` as horizontal bars on one lane per worker/thread; returns the matplotlib Axes."""
     import matplotlib.pyplot as plt
-
-    from minidl.bench.machine import describe
 
     if ax is None:
         _, ax = plt.subplots(figsize=(11, 3.5))
@@ -277,5 +502,5 @@ def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline")
     ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     ax.set_yticks(range(len(lane_order)), lane_order)
     ax.set_xlabel("time since the first event (ms)")
-    ax.set_title(f"{title}\n{describe()}", fontsize=9)
+    ax.set_title(title if caption is None else f"{title}\n{caption}", fontsize=9)
     return ax

@@ -1,6 +1,6 @@
 """The worker loop: what each DataLoader worker runs, in a process or in a thread.
 
-Mirrors ``torch/utils/data/_utils/worker.py`` (plus ``ExceptionWrapper`` from ``torch/_utils.py``).
+Mirrors ``torch/utils/data/_utils/worker.py``.
 Everything here lives at module top level so it can be pickled by reference under the ``spawn``
 and ``forkserver`` start methods: a worker can only run what it can import.
 """
@@ -12,23 +12,27 @@ import queue
 import random
 import sys
 import threading
-import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from minidl import _random
+from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 from minidl.fetch import _DatasetKind
 from minidl.state import WorkerSnapshots, _StateRequest, capture_worker_state, restore_worker_state
 
-# How often (seconds) a waiting worker checks that its parent is alive, and a waiting main
-# process checks that its workers are. torch uses 5.0; a shorter interval reports a dead worker
-# sooner and costs nothing while batches flow.
-MP_STATUS_CHECK_INTERVAL = 1.0
+
+@dataclass(frozen=True, slots=True)
+class _RNG:
+    """A thread worker's own random streams, as torch 2.13's ``_RNG``: threads share the global ones."""
+
+    random_generator: random.Random
+    torch_generator: Any  # a torch.Generator, or None where torch is not installed
+    numpy_generator: np.random.Generator | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkerInfo:
     """What a worker knows about itself; ``get_worker_info()`` returns it inside a worker."""
 
@@ -36,8 +40,8 @@ class WorkerInfo:
     num_workers: int
     seed: int
     dataset: Any
-    worker_method: str = "multiprocessing"  # or "thread"
-    rng: Any = field(default=None, repr=False)  # this worker's own numpy.random.Generator
+    rng: _RNG | None = None  # None in a process worker, which owns the global streams
+    worker_method: str | None = "multiprocessing"  # or "thread"
 
 
 # A process worker sets the module global; a thread worker shares the module with the main
@@ -49,38 +53,6 @@ _thread_local = threading.local()
 def get_worker_info() -> WorkerInfo | None:
     """The current worker's ``WorkerInfo``, or ``None`` in the main process (as in torch)."""
     return getattr(_thread_local, "info", None) or _worker_info
-
-
-class ExceptionWrapper:
-    """An exception caught in a worker, carried to the main process with its traceback."""
-
-    def __init__(self, where: str) -> None:
-        exc_type, exc, tb = sys.exc_info()
-        self.exc_type = exc_type
-        self.exc_msg = "".join(traceback.format_exception(exc_type, exc, tb))
-        self.where = where
-
-    def reraise(self):
-        """Raise the same exception type here, its message holding the worker's traceback."""
-        msg = f"Caught {self.exc_type.__name__} {self.where}.\nOriginal {self.exc_msg}"
-        if self.exc_type is KeyError:
-            msg = _KeyErrorMessage(msg)  # KeyError repr()s its argument; keep newlines readable
-        try:
-            exception = self.exc_type(msg)
-        except Exception:
-            # Some exception types need more than one argument: fall back as torch does.
-            raise RuntimeError(msg) from None
-        try:
-            raise exception
-        finally:
-            # The traceback holds this frame, which would hold the exception: a reference cycle
-            # that keeps the iterator and its workers alive until the garbage collector runs.
-            del exception
-
-
-class _KeyErrorMessage(str):
-    def __repr__(self) -> str:
-        return str(self)
 
 
 @dataclass(frozen=True)
@@ -151,33 +123,71 @@ def _generate_state(base_seed: int, worker_id: int) -> list[int]:
     return state
 
 
-def _seed_worker(base_seed: int, worker_id: int, worker_method: str) -> tuple[int, np.random.Generator]:
-    """Seed this worker's random streams; return its seed and its own NumPy generator.
+def _seed_worker(base_seed: int, worker_id: int, worker_method: str) -> tuple[int, _RNG | None]:
+    """Seed this worker's random streams; return its seed and, for a thread worker, its own ``_RNG``.
 
     A process worker owns its interpreter, so it seeds the global ``random``, torch and NumPy
     streams exactly as torch does. Thread workers share those globals with each other and the
-    main thread, so they leave them alone and use the per-worker generator instead.
+    main thread, so they leave them alone: each gets its own three generators, seeded from the same
+    numbers (``seed`` for ``random`` and torch, the four words of ``_generate_state`` for NumPy).
+    torch 2.13 defines this container but starts no thread workers itself.
     """
     seed = base_seed + worker_id
     np_state = _generate_state(base_seed, worker_id)
-    if worker_method == "multiprocessing":
-        random.seed(seed)
-        np.random.seed(np_state)
+    if worker_method == "thread":
+        torch_generator = None
         if _random.HAS_TORCH:
             import torch
 
-            torch.set_num_threads(1)  # N workers x all cores of intra-op threads would oversubscribe
-            torch.manual_seed(seed)
-    return seed, np.random.default_rng(np_state)
+            torch_generator = torch.Generator()
+            torch_generator.manual_seed(seed)
+        return seed, _RNG(random.Random(seed), torch_generator, np.random.default_rng(np_state))
+    random.seed(seed)
+    np.random.seed(np_state)
+    if _random.HAS_TORCH:
+        import torch
+
+        torch.set_num_threads(1)  # N workers x all cores of intra-op threads would oversubscribe
+        torch.manual_seed(seed)
+    return seed, None
+
+
+def _thread_aware_get_worker_info():
+    """torch's ``get_worker_info`` body once a thread worker ran: the calling thread's info first."""
+    info = getattr(_minidl_thread_local, "info", None)
+    return info if info is not None else _worker_info
+
+
+_minidl_thread_local = _thread_local  # the name _thread_aware_get_worker_info looks up
 
 
 def _tell_torch(info: WorkerInfo) -> None:
-    """Let a dataset written for torch (calling torch's get_worker_info) shard itself here too."""
+    """Let a dataset written for torch (calling torch's get_worker_info) shard itself here too.
+
+    A process worker sets torch's module global, as torch's own worker does. Thread workers can't
+    (they share it), so torch's function is given the thread-aware body above: its code object is
+    swapped, so even a ``from torch.utils.data import get_worker_info`` made earlier sees it.
+    """
     torch_worker = sys.modules.get("torch.utils.data._utils.worker")
-    if torch_worker is not None:
+    if torch_worker is None:
+        return
+    if info.worker_method != "thread":
         torch_worker._worker_info = torch_worker.WorkerInfo(
             id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
         )
+    elif torch_worker.get_worker_info.__code__ is not _thread_aware_get_worker_info.__code__:
+        torch_worker._minidl_thread_local = _thread_local
+        torch_worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
+
+
+@dataclass(frozen=True)
+class _WorkerOptions:
+    """What minidl's worker needs beyond torch's parameters (torch's 14th is IterDataPipe's shared_seed)."""
+
+    worker_method: str = "multiprocessing"  # or "thread"
+    trace: bool = False  # answer each task with its events too (minidl/trace.py)
+    snapshots: int = 0  # keep this many per-task states for DataLoader.state_dict() (minidl/state.py)
+    resume_state: dict | None = None  # a saved state to restore before the first task
 
 
 def _worker_loop(
@@ -194,30 +204,36 @@ def _worker_loop(
     worker_id,
     num_workers,
     persistent_workers,
-    worker_method="multiprocessing",
-    trace=False,
-    snapshots=0,
-    resume_state=None,
+    options=None,
 ) -> None:
     """Fetch batches for the tasks on ``index_queue`` and put the results on ``data_queue``.
 
     See NOTE [ Worker queues and shutdown ] in dataloader.py for the protocol. A task is
     ``(task_idx, indices)``; the answer is ``(task_idx, batch)``, where batch may be an
     ``ExceptionWrapper`` or, for an exhausted IterableDataset, ``_IterableDatasetStopIteration``.
-    With ``trace``, the answer carries a third element: this task's events (minidl/trace.py).
-    ``snapshots`` > 0 keeps that many per-task states for ``DataLoader.state_dict()``, and
-    ``resume_state`` restores one of them (see minidl/state.py).
+    ``options`` (a ``_WorkerOptions``) holds minidl's additions: thread workers, tracing (the answer
+    then carries this task's events as a third element) and resume snapshots.
     """
     global _worker_info
-    in_thread = worker_method == "thread"
+    options = options or _WorkerOptions()
+    in_thread = options.worker_method == "thread"
     try:
-        seed, rng = _seed_worker(base_seed, worker_id, worker_method)
-        info = WorkerInfo(worker_id, num_workers, seed, dataset, worker_method, rng)
+        seed, rng = _seed_worker(base_seed, worker_id, options.worker_method)
+        info = WorkerInfo(worker_id, num_workers, seed, dataset, rng, options.worker_method)
         if in_thread:
             _thread_local.info = info
         else:
             _worker_info = info
-            _tell_torch(info)
+        _tell_torch(info)
+
+        recorder = None
+        if options.trace:  # minidl's tracing layer: queues that note each task and ship its events
+            from minidl.trace import traced_worker_queues
+
+            index_queue, data_queue, recorder = traced_worker_queues(index_queue, data_queue, worker_id)
+
+        def create_fetcher():
+            return _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last, recorder)
 
         # An error in worker_init_fn or building the fetcher is reported on the first task,
         # so it surfaces in the main process as a normal exception, not a dead worker.
@@ -226,24 +242,22 @@ def _worker_loop(
         try:
             if init_fn is not None:
                 init_fn(worker_id)
-            if resume_state is not None:  # after init_fn, which may reseed: the snapshot wins
-                restore_worker_state(resume_state, rng, dataset)
-            fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
+            if options.resume_state is not None:  # after init_fn, which may reseed: the snapshot wins
+                restore_worker_state(options.resume_state, rng, dataset)
+            fetcher = create_fetcher()
         except Exception:
             init_exception = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
 
-        iteration_end = False  # this replica of an IterableDataset has run out
-        recorder = None
-        if trace:
-            from minidl.trace import Recorder
+        # This replica of an IterableDataset has run out (already when the saved state was taken).
+        iteration_end = bool(options.resume_state and options.resume_state.get("ended"))
+        history = WorkerSnapshots(options.snapshots) if options.snapshots else None
 
-            recorder = Recorder(f"worker {worker_id}")
-        history = WorkerSnapshots(snapshots) if snapshots else None
-
-        def snapshot(fetcher) -> dict:
+        def snapshot() -> dict:
             # An iterable replica that already ran dry may have reset its own position for the
             # next epoch; "ended" records that this epoch has nothing more from it.
-            return {**capture_worker_state(worker_method, rng, dataset), "ended": getattr(fetcher, "ended", False)}
+            ended = iteration_end or getattr(fetcher, "ended", False)
+            return {**capture_worker_state(options.worker_method, rng, dataset), "ended": ended}
+
         watchdog = _ThreadWatchdog() if in_thread else ManagerWatchdog()
         while watchdog.is_alive():
             try:
@@ -256,22 +270,21 @@ def _worker_loop(
                 data_queue.put((r, None))  # ack, so the main process knows the epoch starts clean
                 iteration_end = False
                 if history is not None:  # task numbers start again at 0: old snapshots would mislead
-                    history = WorkerSnapshots(snapshots)
-                fetcher = _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
+                    history = WorkerSnapshots(options.snapshots)
+                fetcher = create_fetcher()
                 continue
             if r is None:  # the sentinel: shutdown, or this worker is no longer needed
-                break
+                if done_event.is_set() or iteration_end:
+                    break
+                raise AssertionError("a worker got the sentinel while it still had work")
             if isinstance(r, _StateRequest):
-                state = history.answer(r, current=snapshot(fetcher))
-                data_queue.put((r, (worker_id, state)))
+                data_queue.put((r, (worker_id, history.answer(r, current=snapshot()))))
                 continue
             if done_event.is_set() or iteration_end:
                 continue  # drain the queue without working until the sentinel arrives
             idx, index = r
             if history is not None:
-                history.record(idx, snapshot(fetcher))
-            if recorder is not None and fetcher is not None:
-                fetcher.recorder, fetcher.batch = recorder, idx
+                history.record(idx, snapshot())
             if init_exception is not None:
                 data, init_exception = init_exception, None
             else:
@@ -285,11 +298,7 @@ def _worker_loop(
                         iteration_end = True
                 except Exception:
                     data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
-            if recorder is None:
-                data_queue.put((idx, data))
-            else:
-                recorder.instant("put", idx)
-                data_queue.put((idx, data, recorder.take()))
+            data_queue.put((idx, data))
             del data, idx, index, r  # drop references now: a batch may be large
     except KeyboardInterrupt:
         pass  # the main process decides what Ctrl-C means; the worker just exits quietly

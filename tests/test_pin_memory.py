@@ -482,3 +482,16 @@ def test_after_a_worker_error_the_pin_thread_goes_without_the_cycle_collector():
     finally:
         gc.enable()
     assert gone
+
+
+@pytest.mark.usefixtures("accelerator", "no_leaks")
+@pytest.mark.parametrize("name", WORKERS)
+def test_a_traced_loader_records_one_pin_span_per_batch(name):
+    kwargs, pinner = WORKERS[name]
+    loader = minidl.DataLoader(toy.RangeDataset(12), batch_size=2, collate_fn=pinnable_collate, pin_memory=True,
+                               trace=True, **kwargs)
+    assert len(list(loader)) == 6
+    pins = [e for e in loader.trace.events if e["event"] == "pin"]
+    assert sorted(e["batch"] for e in pins) == list(range(6))
+    assert {e["lane"] for e in pins} == ({"main"} if pinner == "MainThread" else {"pin"})
+    assert all(e["end"] >= e["start"] for e in pins)

@@ -17,7 +17,8 @@ import textwrap
 import pytest
 
 import minidl
-from minidl import _random, toy
+from minidl import _random
+from minidl.course import toy
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
 

@@ -182,3 +182,103 @@ def test_a_numpy_driven_loader_does_not_import_torch():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert out.stdout.split() == ["4", "False"], out.stderr
+
+
+# --- issue 13: found by adversarial probing -------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_state_dict_right_after_load_state_dict_keeps_the_resume_point(num_workers):
+    def make():
+        return minidl.DataLoader(toy.RangeDataset(12), batch_size=2, shuffle=True, num_workers=num_workers,
+                                 stateful=num_workers > 0, generator=torch.Generator().manual_seed(1))
+
+    full, _ = interrupted_equals_uninterrupted(make, cut=3)
+    loader = make()
+    it = iter(loader)
+    [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    preempted = make()
+    preempted.load_state_dict(state)
+    again = preempted.state_dict()  # preempted a second time before its first batch
+    final = make()
+    final.load_state_dict(pickle.loads(pickle.dumps(again)))
+    assert as_text(final) == full[3:]
+
+
+@pytest.mark.parametrize("worker_method", ["multiprocessing", "thread"])
+def test_traced_loader_with_workers_gives_state_mid_epoch_and_goes_on(worker_method):
+    loader = minidl.DataLoader(toy.SlowDataset(16, slow=(2,), slow_delay=0.3), batch_size=2, num_workers=2,
+                               stateful=True, trace=True, worker_method=worker_method, collate_fn=list)
+    it = iter(loader)
+    got = [next(it)]
+    loader.state_dict()  # later batches arrive while it waits for the workers' states: filed, not lost
+    got += list(it)
+    assert [x for b in got for x in b] == list(range(16))
+    assert sum(e["event"] == "yield" for e in loader.trace.events) == 8
+
+
+def saved_state(**kwargs) -> dict:
+    loader = minidl.DataLoader(toy.RangeDataset(12), batch_size=2, **kwargs)
+    it = iter(loader)
+    [next(it) for _ in range(2)]
+    state = loader.state_dict()
+    del it
+    return state
+
+
+@pytest.mark.parametrize("other, key", [
+    (dict(dataset=toy.RangeDataset(10)), "dataset_len"),
+    (dict(batch_size=3), "batch_size"),
+    (dict(shuffle=True), "sampler"),
+])
+def test_load_state_dict_refuses_a_state_from_another_setting(other, key):
+    state = saved_state()
+    kwargs = dict(dataset=toy.RangeDataset(12), batch_size=2) | other
+    with pytest.raises(ValueError, match=f"saved with {key}="):
+        minidl.DataLoader(kwargs.pop("dataset"), **kwargs).load_state_dict(state)
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(tasks_done=7), "out of range"),  # 6 batches in the epoch
+    (dict(tasks_done=-1), "out of range"),
+    (dict(num_yielded=3), "out of range"),  # more handed out than done
+    (dict(next_worker=5), "next_worker"),
+])
+def test_load_state_dict_refuses_counters_out_of_range(change, match):
+    state = saved_state() | change
+    with pytest.raises(ValueError, match=match):
+        minidl.DataLoader(toy.RangeDataset(12), batch_size=2).load_state_dict(state)
+
+
+@pytest.mark.parametrize("key", ["tasks_done", "generators", "num_workers"])
+def test_load_state_dict_names_a_missing_key(key):
+    state = saved_state()
+    del state[key]
+    with pytest.raises(ValueError, match=f"missing the key '{key}'"):
+        minidl.DataLoader(toy.RangeDataset(12), batch_size=2).load_state_dict(state)
+
+
+@pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)])
+@pytest.mark.parametrize("past_the_end", [False, True])
+def test_iterable_dataset_resumed_at_the_end_of_an_epoch_then_gives_full_epochs(num_workers, persistent,
+                                                                                 past_the_end):
+    def make():
+        return minidl.DataLoader(toy.ResumableStream(9), batch_size=2, num_workers=num_workers,
+                                 stateful=num_workers > 0, persistent_workers=persistent, collate_fn=list)
+
+    loader = make()
+    it = iter(loader)
+    n = len(list(make()))
+    [next(it) for _ in range(n)]  # every batch of the epoch consumed
+    if past_the_end:
+        assert next(it, None) is None
+    state = loader.state_dict()
+    del it, loader
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = sorted(x for b in resumed for x, _ in b)
+    assert rest == (list(range(9)) if past_the_end else [])  # saved after StopIteration: the next epoch
+    for _ in range(2):
+        assert sorted(x for b in resumed for x, _ in b) == list(range(9))

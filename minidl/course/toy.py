@@ -50,12 +50,19 @@ class GlobalRandomDataset(RangeDataset):
 
 
 class WorkerRandomDataset(RangeDataset):
-    """Like GlobalRandomDataset, but draws from the worker's own generator (safe with threads)."""
+    """Like GlobalRandomDataset, but safe with thread workers: each draws from its own generator.
+
+    A thread worker's ``get_worker_info().rng`` holds its own ``random``, torch and NumPy
+    generators; a process worker has ``rng=None`` and owns the global streams, seeded per worker.
+    """
 
     def __getitem__(self, index: int):
         info = get_worker_info()
-        rng = info.rng if info is not None else np.random.default_rng(index)
-        return index, float(rng.random())
+        if info is None:
+            return index, float(np.random.default_rng(index).random())
+        if info.rng is None:
+            return index, float(np.random.rand())
+        return index, float(info.rng.numpy_generator.random())
 
 
 class WorkerIdDataset(RangeDataset):
@@ -198,3 +205,44 @@ class CpuBoundDataset(RangeDataset):
                 steps += 1
         info = get_worker_info()
         return index, steps, -1 if info is None else info.id
+
+
+class SlowOnceDataset(RangeDataset):
+    """Item ``slow_index`` takes ``delay`` seconds the first time this replica fetches it, then none.
+
+    For timeouts that pass: the batch arrives late once, and a later epoch runs at full speed.
+    """
+
+    def __init__(self, n: int, slow_index: int, delay: float) -> None:
+        super().__init__(n)
+        self.slow_index, self.delay, self.slowed = slow_index, delay, False
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.slow_index and not self.slowed:
+            self.slowed = True
+            time.sleep(self.delay)
+        return super().__getitem__(index)
+
+
+class KeywordOnlyError(Exception):
+    """An exception built only as ``KeywordOnlyError(message=...)``, like some libraries' own."""
+
+    message = "a keyword-only error"  # the class attribute torch's ExceptionWrapper looks for
+
+    def __init__(self, *, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class KeywordErrorDataset(RangeDataset):
+    """Raises ``KeywordOnlyError`` for ``bad_index``."""
+
+    def __init__(self, n: int, bad_index: int) -> None:
+        super().__init__(n)
+        self.bad_index = bad_index
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.bad_index:
+            raise KeywordOnlyError(message=f"bad sample {index}")
+        return super().__getitem__(index)
+

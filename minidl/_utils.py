@@ -1,0 +1,126 @@
+"""What the loader's modules share, as ``torch/utils/data/_utils/__init__.py`` (plus ``torch/_utils.py``'s
+``ExceptionWrapper`` and ``torch/utils/data/_utils/signal_handling.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+
+# How often (seconds) a waiting worker checks that its parent is alive, and a waiting main
+# process checks that its workers are. torch uses 5.0; a shorter interval reports a dead worker
+# sooner and costs nothing while batches flow.
+MP_STATUS_CHECK_INTERVAL = 1.0
+
+# The one clock: tracing and the loader read it. perf_counter is system-wide monotonic on Linux
+# and macOS, so times taken in worker processes and in the main process share one axis.
+now = time.perf_counter
+
+
+class ExceptionWrapper:
+    """An exception caught in a worker, carried to the main process with its traceback."""
+
+    def __init__(self, exc_info=None, where: str = "in background") -> None:
+        exc_type, exc, tb = exc_info if exc_info is not None else sys.exc_info()
+        self.exc_type = exc_type
+        self.exc_msg = "".join(traceback.format_exception(exc_type, exc, tb))
+        self.where = where
+
+    def reraise(self):
+        """Raise the same exception type here, its message holding the worker's traceback."""
+        msg = f"Caught {self.exc_type.__name__} {self.where}.\nOriginal {self.exc_msg}"
+        if self.exc_type is KeyError:
+            msg = _KeyErrorMessage(msg)  # KeyError repr()s its argument; keep newlines readable
+        elif getattr(self.exc_type, "message", None):
+            raise self.exc_type(message=msg)  # a type whose first argument is not the message
+        try:
+            exception = self.exc_type(msg)
+        except Exception:
+            # Some exception types need more than one argument: fall back as torch does.
+            raise RuntimeError(msg) from None
+        try:
+            raise exception
+        finally:
+            # The traceback holds this frame, which would hold the exception: a reference cycle
+            # that keeps the iterator and its workers alive until the garbage collector runs.
+            del exception
+
+
+class _KeyErrorMessage(str):
+    def __repr__(self) -> str:
+        return str(self)
+
+
+# --- noticing a dead worker process at once (torch/utils/data/_utils/signal_handling.py) ----------
+# The main thread registers its workers' pids; when any child ends, SIGCHLD runs the handler, which
+# looks (without reaping: WNOWAIT) whether a registered worker ended badly and raises if so.
+
+_worker_pids: dict[int, tuple[int, ...]] = {}  # id(iterator) -> its worker processes' pids
+_SIGCHLD_handler_set = False
+
+
+def _set_worker_pids(key: int, pids: tuple[int, ...]) -> None:
+    _worker_pids[key] = pids
+
+
+def _remove_worker_pids(key: int) -> None:
+    _worker_pids.pop(key, None)
+
+
+def describe_exit(pid: int, exitcode: int | None) -> str:
+    """'pid 123 (exit code -9, killed by SIGKILL)': how a worker process ended (negative: a signal)."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"pid {pid} (exit code {exitcode}, killed by {signal.Signals(-exitcode).name})"
+        except ValueError:
+            pass
+    return f"pid {pid} (exit code {exitcode})"
+
+
+def worker_failure_message(ended: list[tuple[int, int]]) -> str:
+    """The one message for dead workers, given (pid, exit code) pairs; torch's prefix, then how each ended."""
+    pids = ", ".join(str(pid) for pid, _ in ended)
+    return f"DataLoader worker (pid(s) {pids}) exited unexpectedly: " + ", ".join(describe_exit(*e) for e in ended)
+
+
+def _exit_code(pid: int) -> int | None:
+    """A child's exit code as multiprocessing reports it (-N: signal N), without reaping it; None if running."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # already reaped by multiprocessing: is_alive() tells the rest
+        return None
+    if info is None:
+        return None
+    return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
+
+def _error_if_any_worker_fails() -> None:
+    for key, pids in list(_worker_pids.items()):
+        ended = [(pid, code) for pid in pids if (code := _exit_code(pid)) not in (None, 0)]
+        if ended:
+            _remove_worker_pids(key)  # once: the iterator itself reports it on every later next()
+            raise RuntimeError(worker_failure_message(ended))
+
+
+def _set_SIGCHLD_handler() -> None:  # noqa: N802 -- torch's name
+    """Install (once, in the main thread) a SIGCHLD handler that raises when a worker dies badly."""
+    global _SIGCHLD_handler_set
+    if _SIGCHLD_handler_set or not hasattr(signal, "SIGCHLD"):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set a signal handler
+    previous = signal.getsignal(signal.SIGCHLD)
+    if not callable(previous):
+        previous = None
+
+    def handler(signum, frame):
+        _error_if_any_worker_fails()
+        if previous is not None:
+            previous(signum, frame)
+
+    signal.signal(signal.SIGCHLD, handler)
+    _SIGCHLD_handler_set = True

@@ -1,0 +1,210 @@
+"""The loader against torch 2.13 itself (issue 13): WorkerInfo, warnings, bad arguments, exception types.
+
+Each test runs the same thing through ``torch.utils.data`` and ``minidl`` and compares.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.utils.data as tud  # noqa: E402
+from torch.utils.data._utils import worker as torch_worker  # noqa: E402
+
+import minidl  # noqa: E402
+from minidl import worker  # noqa: E402
+from minidl.course import toy  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
+
+
+def outcome(make_and_iterate):
+    """(exception type, message) of running it, or ('ok', the result)."""
+    try:
+        return "ok", make_and_iterate()
+    except Exception as e:  # noqa: BLE001 -- the type is what is compared
+        return type(e), str(e)
+
+
+# --- WorkerInfo ---------------------------------------------------------------------------------
+
+
+def test_worker_info_is_torchs_frozen_slotted_dataclass_field_for_field():
+    assert [f.name for f in dataclasses.fields(worker.WorkerInfo)] == \
+        [f.name for f in dataclasses.fields(torch_worker.WorkerInfo)]
+    assert [f.default for f in dataclasses.fields(worker.WorkerInfo)] == \
+        [f.default for f in dataclasses.fields(torch_worker.WorkerInfo)]
+    assert "__slots__" in vars(worker.WorkerInfo) and "__slots__" in vars(torch_worker.WorkerInfo)
+    ours = worker.WorkerInfo(id=1, num_workers=2, seed=7, dataset="d")
+    theirs = torch_worker.WorkerInfo(id=1, num_workers=2, seed=7, dataset="d")
+    assert repr(ours) == repr(theirs)  # every field in the repr, rng and worker_method included
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ours.id = 3
+    assert [f.name for f in dataclasses.fields(worker._RNG)] == [f.name for f in dataclasses.fields(torch_worker._RNG)]
+
+
+def infos(worker_method):
+    class Report(toy.RangeDataset):
+        def __getitem__(self, index):
+            info = minidl.get_worker_info()
+            rng = info.rng
+            if rng is None:
+                return index, info.worker_method, None
+            draws = (rng.random_generator.random(), float(torch.rand((), generator=rng.torch_generator)),
+                     float(rng.numpy_generator.random()))
+            return index, info.worker_method, draws
+
+    loader = minidl.DataLoader(Report(4), batch_size=None, num_workers=2, worker_method=worker_method,
+                               generator=torch.Generator().manual_seed(5), collate_fn=lambda x: x)
+    return list(loader)
+
+
+def test_process_workers_have_no_rng_as_in_torch():
+    assert all(method == "multiprocessing" and rng is None for _, method, rng in infos("multiprocessing"))
+
+
+def test_thread_workers_have_their_own_random_torch_and_numpy_generators_seeded_from_their_seed():
+    got = infos("thread")
+    assert got == infos("thread")  # reproducible: torch draws too, not only NumPy ones
+    assert all(method == "thread" for _, method, _ in got)
+    by_worker = {i % 2: draws for i, _, draws in got if i < 2}  # the first task of each worker
+    assert by_worker[0] != by_worker[1]  # each worker its own streams
+    base_seed = int(torch.empty((), dtype=torch.int64).random_(generator=torch.Generator().manual_seed(5)).item())
+    seed = base_seed + 0  # worker 0's seed, as torch gives it
+    expected = (random.Random(seed).random(), float(torch.rand((), generator=torch.Generator().manual_seed(seed))),
+                float(np.random.default_rng(worker._generate_state(base_seed, 0)).random()))
+    assert by_worker[0] == expected
+
+
+class TorchShardedRange(tud.IterableDataset):
+    """Written for torch: shards itself with torch's get_worker_info, imported the usual way."""
+
+    def __init__(self, n):
+        self.n = n
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        if info is None:
+            return iter(range(self.n))
+        return iter(range(info.id, self.n, info.num_workers))
+
+
+def test_a_dataset_written_for_torch_shards_itself_in_thread_workers():
+    from torch.utils.data import get_worker_info as imported_early  # bound before any worker ran
+
+    got = sorted(int(x) for x in minidl.DataLoader(TorchShardedRange(20), batch_size=3, num_workers=2,
+                                                    worker_method="thread", collate_fn=list) for x in x)
+    assert got == list(range(20))  # each sample once: torch's lookup saw each thread's own worker info
+    assert imported_early() is None and tud.get_worker_info() is None  # and the main thread is no worker
+
+
+# --- warnings and bad arguments -------------------------------------------------------------------
+
+
+class TorchOverlongRange(tud.IterableDataset):
+    """Claims 4 items, streams 6 (a torch IterableDataset, so torch's loader sees an iterable too)."""
+
+    def __iter__(self):
+        return iter(range(6))
+
+    def __len__(self):
+        return 4
+
+    def __repr__(self):
+        return "TorchOverlongRange()"
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_overlong_iterable_dataset_warns_with_torchs_words(num_workers):
+    def messages(module):
+        loader = module.DataLoader(TorchOverlongRange(), batch_size=None, num_workers=num_workers)
+        len(loader)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(loader)
+        return [str(w.message) for w in caught if "Length of IterableDataset" in str(w.message)]
+
+    ours = messages(minidl)
+    assert ours == messages(tud) and len(ours) == 2
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # torch's own __del__
+@pytest.mark.parametrize("case", [
+    dict(num_workers=2, prefetch_factor=0),
+    dict(timeout=1.0),
+    dict(generator="x"),
+    dict(generator="x", shuffle=True),
+])
+def test_bad_arguments_raise_what_torch_raises(case):
+    def run(module):
+        return outcome(lambda: next(iter(module.DataLoader(list(range(8)), **case))))
+
+    ours, theirs = run(minidl), run(tud)
+    assert ours[0] is theirs[0] and ours[0] in (AssertionError, TypeError), (ours, theirs)
+    if ours[0] is AssertionError:
+        assert ours[1] == theirs[1]
+    else:
+        assert "generator" in ours[1]
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_an_exception_built_only_from_keyword_message_keeps_its_type(num_workers):
+    def run(module):
+        return outcome(lambda: list(module.DataLoader(toy.KeywordErrorDataset(6, bad_index=3), batch_size=2,
+                                                      num_workers=num_workers)))
+
+    ours, theirs = run(minidl), run(tud)
+    assert ours[0] is theirs[0] is toy.KeywordOnlyError
+    if num_workers:
+        assert "Caught KeywordOnlyError in DataLoader worker process 0" in ours[1] and "bad sample 3" in ours[1]
+
+
+def test_dataloader_is_subscriptable_as_in_torch():
+    assert minidl.DataLoader[int].__origin__ is minidl.DataLoader
+    assert tud.DataLoader[int].__origin__ is tud.DataLoader
+
+
+# --- the rest of the loader's public surface ----------------------------------------------------
+
+
+def test_dataloader_signature_is_torchs_plus_three_documented_additions():
+    import inspect
+
+    ours = inspect.signature(minidl.DataLoader.__init__).parameters
+    theirs = inspect.signature(tud.DataLoader.__init__).parameters
+    assert list(ours)[: len(theirs)] == list(theirs)
+    for name, p in theirs.items():
+        assert (ours[name].kind, ours[name].default) == (p.kind, p.default), name
+    assert list(ours)[len(theirs):] == ["worker_method", "trace", "stateful"]  # minidl's, keyword-only, off
+    assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in ("worker_method", "trace", "stateful"))
+    assert inspect.signature(minidl.get_worker_info).parameters == inspect.signature(tud.get_worker_info).parameters
+
+
+BAD = [
+    dict(num_workers=-1),
+    dict(timeout=-1),
+    dict(num_workers=0, prefetch_factor=2),
+    dict(num_workers=1, prefetch_factor=-1),
+    dict(persistent_workers=True),
+    dict(sampler=[0, 1], shuffle=True),
+    dict(batch_sampler=[[0, 1]], batch_size=2),
+    dict(batch_sampler=[[0, 1]], drop_last=True),
+    dict(batch_size=None, drop_last=True),
+    dict(num_workers=0, multiprocessing_context="spawn"),
+    dict(num_workers=1, multiprocessing_context="nonsense"),
+    dict(num_workers=1, multiprocessing_context=3),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[",".join(c) for c in BAD])
+def test_bad_arguments_at_construction_raise_torchs_type_with_its_message(case):
+    ours = outcome(lambda: minidl.DataLoader(list(range(8)), **case))
+    theirs = outcome(lambda: tud.DataLoader(list(range(8)), **case))
+    assert ours[0] is theirs[0] and ours[0] in (ValueError, TypeError)
+    # the same words up to the first difference in spacing/case: compare the opening, normalised
+    assert ours[1].lower().replace(" ", "")[:30] == theirs[1].lower().replace(" ", "")[:30], (ours, theirs)
