@@ -45,7 +45,10 @@ from minidl.worker import (
     _ThreadContext,
     _worker_loop,
     _WorkerOptions,
+    get_worker_info,
 )
+
+__all__ = ["DataLoader", "get_worker_info", "default_collate", "default_convert"]  # torch's own list
 
 _T_co = TypeVar("_T_co", covariant=True)
 WORKER_METHODS = ("multiprocessing", "thread")
@@ -346,7 +349,13 @@ class _BaseDataLoaderIter:
         self._index_sampler = loader._index_sampler
         self._num_workers = loader.num_workers
         self._pin_memory = loader.pin_memory and _accelerator_available()
-        self._pin_memory_device = loader.pin_memory_device or None
+        if loader.pin_memory and loader.pin_memory_device:  # torch 2.13's words, missing space included
+            warnings.warn(
+                "pin_memory_device is deprecated, the current accelerator will be used as the device,"
+                f"ignore pin_memory_device='{loader.pin_memory_device}'.",
+                stacklevel=3,
+            )
+        self._pin_memory_device = None  # as in torch 2.13: always the current accelerator
         if loader.pin_memory and not self._pin_memory:
             warnings.warn(
                 "'pin_memory' argument is set as true but no accelerator is found, "
@@ -499,6 +508,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     """``num_workers > 0``: workers fetch and collate; the main process hands batches back in order."""
 
     _shutdown = True  # until workers exist: a half-built iterator has nothing to shut down
+    _owner_pid = None  # the process that started the workers; only it may shut them down
 
     # NOTE [ Worker queues and shutdown ]
     #
@@ -579,6 +589,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._index_queues = []
         self._workers = []
         self._failure = None  # set when a worker died: every later next() raises it again
+        self._owner_pid = os.getpid()
         self._shutdown = False  # from here on, __del__ has workers and queues to clean up
         for i in range(self._num_workers):
             index_queue = context.Queue()
@@ -885,7 +896,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             _live_iterators.discard(self)
 
     def __del__(self) -> None:
-        self._shutdown_workers()
+        if os.getpid() == self._owner_pid:  # a forked child inherits this object, not its workers
+            self._shutdown_workers()
 
 
 def _raise_if_out_of_file_descriptors() -> None:

@@ -72,7 +72,7 @@ def test_minidl_extras_are_torchs_own_one_level_down_or_documented_additions():
     assert "torch-free" in minidl.numpy_collate.__doc__
 
 
-@pytest.mark.parametrize("module", ["dataset", "sampler", "distributed"])
+@pytest.mark.parametrize("module", ["dataset", "sampler", "distributed", "dataloader"])
 def test_each_module_exports_what_torchs_twin_exports(module):
     ours = importlib.import_module(f"minidl.{module}")
     theirs = importlib.import_module(f"torch.utils.data.{module}")
@@ -140,8 +140,7 @@ def subscripts(cls) -> bool:
     return True
 
 
-# DataLoader[int] belongs to the loader core's part of issue #13 (dataloader.py) and is tested there.
-@pytest.mark.parametrize("name", [n for n in SHARED_CLASSES if n != "DataLoader"])
+@pytest.mark.parametrize("name", SHARED_CLASSES)
 def test_subscriptable_exactly_where_torch_is(name):
     ours, theirs = getattr(minidl, name), getattr(tud, name)
     assert subscripts(ours) == subscripts(theirs)

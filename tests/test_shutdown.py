@@ -160,3 +160,28 @@ def test_interpreter_exit_while_iterating_does_not_hang(worker_method, persisten
             assert not p.is_running() or p.status() == "zombie" and p.ppid() != os.getpid(), f"pid {pid} survived"
         except psutil.NoSuchProcess:
             pass
+
+
+def test_a_forked_child_dropping_an_inherited_iterator_leaves_its_parents_workers_alone():
+    # A process forked while an iterator is alive inherits the object but not the workers: when the
+    # child drops it, __del__ must not try to shut down (join, terminate) processes it doesn't own.
+    loader = loader_of(toy.RangeDataset(20), batch_size=2, num_workers=2)
+    it = iter(loader)
+    next(it)
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what __del__ raised, if anything, and leave at once
+        os.close(read_end)
+        raised = []
+        sys.unraisablehook = lambda hook_args: raised.append(repr(hook_args.exc_value))
+        del it  # the child's only reference: __del__ runs here
+        gc.collect()
+        os.write(write_end, json.dumps(raised).encode())
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        raised = json.loads(f.read())
+    os.waitpid(pid, 0)
+    assert raised == []
+    assert all(w.is_alive() for w in it._workers)  # the parent's workers still serve the parent
+    assert len(list(it)) == 9

@@ -208,3 +208,17 @@ def test_bad_arguments_at_construction_raise_torchs_type_with_its_message(case):
     assert ours[0] is theirs[0] and ours[0] in (ValueError, TypeError)
     # the same words up to the first difference in spacing/case: compare the opening, normalised
     assert ours[1].lower().replace(" ", "")[:30] == theirs[1].lower().replace(" ", "")[:30], (ours, theirs)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_pin_memory_device_warns_as_deprecated_like_torch(num_workers):
+    # torch 2.13 ignores pin_memory_device (it pins for the current accelerator) and says so.
+    def warnings_of(module):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            list(module.DataLoader(range(4), batch_size=2, num_workers=num_workers, pin_memory=True,
+                                   pin_memory_device="cuda:1"))
+        return [str(w.message) for w in caught if "pin" in str(w.message)]
+
+    assert warnings_of(minidl) == warnings_of(tud)
+    assert any("pin_memory_device is deprecated" in m for m in warnings_of(minidl))
