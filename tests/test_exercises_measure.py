@@ -426,7 +426,7 @@ def test_ch12_hang_a_context_object_is_rejected():
 
 # --- ch12 part 3: how many workers ------------------------------------------------------------------------------
 
-SWEEP_TIMES = {0: 0.48, 1: 0.50, 2: 0.30, 3: 0.26, 4: 0.22, 6: 0.29}
+SWEEP_TIMES = {0: 0.48, 1: 0.50, 2: 0.30, 3: 0.26, 4: 0.22, 6: 0.31}
 
 
 @pytest.mark.timeout(90)
@@ -459,3 +459,32 @@ def test_ch12_num_workers_wrong_choices_are_rejected(choice, sweep, hint):
 
 def test_ch12_num_workers_sweep_must_cover_the_values():
     rejects(ch12.check_sweep_answer, 4, {4: 0.2}, ch12._Checks(), hint="the sweep you ran")
+
+
+# --- the answers stay out of reach ------------------------------------------------------------------------------
+
+EXERCISES = ("ch01_nogil_threads", "ch07_pinning_cost", "ch09_threads_or_processes", "ch10_overhead_ratio",
+             "ch11_vectorise_or_workers", "ch12_pitfalls_debug")
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("name", EXERCISES)
+def test_exercise_notebooks_never_reach_the_solutions(name):
+    import json
+
+    notebook = json.loads((ROOT / "notebooks" / "exercises" / f"{name}.ipynb").read_text())
+    code = "\n".join("".join(cell["source"]) for cell in notebook["cells"] if cell["cell_type"] == "code")
+    assert "solutions" not in code
+    assert "YourTurn(" in code and "# NBVAL_RAISES_EXCEPTION" in code
+    assert (ROOT / "notebooks" / "exercises" / f"{name}_solution.ipynb").is_file()
+
+
+def test_checker_modules_import_no_solution_and_no_torch():
+    import subprocess
+    import sys
+
+    modules = ", ".join(m.__name__ for m in (ch01, ch07, ch09, ch10, ch11, ch12))
+    script = (f"import sys, importlib\nfor m in '{modules}'.split(', '): importlib.import_module(m)\n"
+              "print(sorted(k for k in sys.modules if k.startswith('minidl.course.solutions') or k == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == "[]"

@@ -959,3 +959,14 @@ def _check_prefetcher_with_dataloader(prefetcher, checks: _Checks) -> None:
     for k, (item, (want_x, want_y)) in enumerate(zip(got, want)):
         _compare_prefetched(k, item, want_x, want_y, [b for b in loader], mean, std, case, checks)
     checks.passed += 1
+
+
+# --- the measuring and debugging exercises (ch01, ch07, ch09, ch10, ch11, ch12): one checker module each -------------
+# Each module holds its checker and the datasets its notebook uses; none holds a reference answer (those are in
+# minidl.course.solutions, which no exercise notebook imports). Importing them needs only NumPy.
+from minidl.course.exercises.ch01_nogil import check_nogil  # noqa: E402, F401
+from minidl.course.exercises.ch07_pinning_cost import check_pin_copy  # noqa: E402, F401
+from minidl.course.exercises.ch09_threads_or_processes import check_choice  # noqa: E402, F401
+from minidl.course.exercises.ch10_overhead_ratio import check_overhead  # noqa: E402, F401
+from minidl.course.exercises.ch11_vectorise_or_workers import check_decision  # noqa: E402, F401
+from minidl.course.exercises.ch12_pitfalls_debug import check_no_hang, check_no_leak, check_num_workers  # noqa: E402, F401

@@ -333,8 +333,8 @@ def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Chec
 # --- 3. how many workers ------------------------------------------------------------------------------
 
 SWEEP = (0, 1, 2, 3, 4, 6)
-TOLERANCE = 1.2  # any num_workers whose epoch is within this factor of the fastest is accepted
-SWEEP_ROUNDS = 2
+TOLERANCE = 1.3  # any num_workers whose epoch is within this factor of the fastest is accepted
+SWEEP_ROUNDS = 3
 
 
 class DecodeDataset(Dataset):
