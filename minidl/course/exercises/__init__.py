@@ -8,6 +8,7 @@ the tests, in ``minidl.course.solutions``, which nothing here imports). Needs to
 """
 
 from minidl.course.exercises._common import YourTurn, first_difference
+from minidl.course.exercises.ch01_nogil import check_nogil
 from minidl.course.exercises.ch02_sampler import check_sampler
 from minidl.course.exercises.ch03_collate import check_collate, make_token_samples
 from minidl.course.exercises.ch04_slow_sample import SlowSampleDataset, check_slow_sample, slow_loader
@@ -15,7 +16,12 @@ from minidl.course.exercises.ch05_reorder import Arrivals, check_reorder
 from minidl.course.exercises.ch05_worker_loop import check_worker_loop, run_worker_processes
 from minidl.course.exercises.ch06_seeding import AugmentedDataset, check_worker_seeding
 from minidl.course.exercises.ch06_sharding import call_as_worker, check_worker_init_fn, range_stream
+from minidl.course.exercises.ch07_pinning_cost import check_pin_copy
 from minidl.course.exercises.ch08_prefetcher import RecordingLoader, check_prefetcher, make_image_batches
+from minidl.course.exercises.ch09_threads_or_processes import check_choice
+from minidl.course.exercises.ch10_overhead_ratio import check_overhead
+from minidl.course.exercises.ch11_vectorise_or_workers import check_decision
+from minidl.course.exercises.ch12_pitfalls_debug import check_no_hang, check_no_leak, check_num_workers
 
 __all__ = [
     "Arrivals",
@@ -24,7 +30,15 @@ __all__ = [
     "SlowSampleDataset",
     "YourTurn",
     "call_as_worker",
+    "check_choice",
     "check_collate",
+    "check_decision",
+    "check_no_hang",
+    "check_no_leak",
+    "check_nogil",
+    "check_num_workers",
+    "check_overhead",
+    "check_pin_copy",
     "check_prefetcher",
     "check_reorder",
     "check_sampler",

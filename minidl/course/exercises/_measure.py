@@ -1,0 +1,64 @@
+"""What the measuring exercises (ch01, ch07, ch09, ch10, ch11, ch12) share: interleaved rounds and tolerant comparison.
+
+A measuring checker never trusts one timing: it runs the things it compares in rotating rounds (a, b, then b, a,
+...) so that a burst of load on a busy machine hits both, and it compares medians of per-round ratios. Its
+verdict comes from a pure function of the learner's answer and the measurement, so tests can feed it fixed
+numbers; the measurement itself is passed in (``measure=``) or made by the checker.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True) -> dict[str, list[float]]:
+    """Seconds per call of each function, ``rounds`` times, the order rotating each round; one untimed warm-up.
+
+    >>> times = interleaved({"a": lambda: None, "b": lambda: None}, rounds=3)
+    >>> sorted(times), [len(v) for v in times.values()]
+    (['a', 'b'], [3, 3])
+    """
+    names = list(fns)
+    if warmup:
+        for name in names:
+            fns[name]()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            start = time.perf_counter()
+            fns[name]()
+            times[name].append(time.perf_counter() - start)
+    return times
+
+
+def median_ratio(times: Mapping[str, list[float]], numerator: str, denominator: str) -> float:
+    """The median over rounds of ``times[numerator][r] / times[denominator][r]``.
+
+    >>> median_ratio({"slow": [2.0, 4.0, 3.0], "fast": [1.0, 1.0, 1.0]}, "slow", "fast")
+    3.0
+    """
+    return statistics.median(n / d for n, d in zip(times[numerator], times[denominator]))
+
+
+def as_number(value: Any) -> float | None:
+    """``value`` as a finite float, or None when it is not a real number (a string, None, a list, nan)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) and not hasattr(value, "__float__"):
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def close(reported: float, measured: float, factor: float) -> bool:
+    """True when ``reported`` is within a factor ``factor`` of ``measured`` (both positive), either way.
+
+    >>> close(1.8, 1.5, 1.3), close(3.0, 1.5, 1.3)
+    (True, False)
+    """
+    return reported > 0 and measured > 0 and max(reported / measured, measured / reported) <= factor

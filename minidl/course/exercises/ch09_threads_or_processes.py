@@ -1,0 +1,154 @@
+"""Checker for exercise ch09: threads or processes, for two workloads, decided by measuring.
+
+Two datasets: ``PythonLoopDataset``, whose items are a pure-Python loop (it holds the GIL), and
+``SleepNumpyDataset``, whose items wait (a ``time.sleep`` standing in for reading a file) and then make a NumPy
+array (both release the GIL). The learner times a ``minidl.DataLoader`` with two workers over each, with
+``worker_method="multiprocessing"`` and ``"thread"``, and says which is faster for each. The checker measures
+the same, and accepts either answer where the two are within ``BAND`` of each other.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from minidl.course.exercises._common import _Checks
+from minidl.course.exercises._measure import interleaved
+from minidl.dataloader import DataLoader
+from minidl.dataset import Dataset
+
+METHODS = ("multiprocessing", "thread")
+WORKLOADS = ("python_loop", "sleep_numpy")
+BAND = 1.15  # when the slower one takes less than BAND x the faster one's time, either answer is accepted
+ROUNDS = 3
+
+
+class PythonLoopDataset(Dataset):
+    """Item ``i``: ``(i, s)``, s a sum computed by a pure-Python loop of ``work`` steps (about 1 ms per 20,000)."""
+
+    def __init__(self, n: int = 32, work: int = 250_000) -> None:
+        self.n, self.work = n, work
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        s = 0
+        for k in range(self.work):
+            s = (s + k * index) % 1_000_003
+        return index, s
+
+
+class SleepNumpyDataset(Dataset):
+    """Item ``i``: a (64, 64) float32 array of ``i``, after ``wait`` seconds asleep (a read, say): no GIL held."""
+
+    def __init__(self, n: int = 48, wait: float = 0.004) -> None:
+        self.n, self.wait = n, wait
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        time.sleep(self.wait)
+        return np.full((64, 64), index, dtype=np.float32) * np.float32(1.5)
+
+
+def make_datasets() -> dict[str, Dataset]:
+    """The two workloads, by name, at the sizes the checker uses."""
+    return {"python_loop": PythonLoopDataset(), "sleep_numpy": SleepNumpyDataset()}
+
+
+def epoch(dataset: Dataset, worker_method: str, num_workers: int = 2) -> None:
+    """One epoch of ``minidl.DataLoader(dataset, batch_size=4, num_workers=2, worker_method=...)``, workers started."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in DataLoader(dataset, batch_size=4, num_workers=num_workers, worker_method=worker_method):
+            pass
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Seconds per epoch for each (workload, worker_method), one per round."""
+
+    seconds: Mapping[str, Mapping[str, list[float]]]
+
+    def median(self, workload: str, method: str) -> float:
+        return statistics.median(self.seconds[workload][method])
+
+    def faster(self, workload: str) -> str:
+        return min(METHODS, key=lambda m: self.median(workload, m))
+
+    def gap(self, workload: str) -> float:
+        """The slower method's median time over the faster one's (1.0: a tie)."""
+        times = sorted(self.median(workload, m) for m in METHODS)
+        return times[1] / times[0]
+
+
+def measure(rounds: int = ROUNDS) -> Measured:
+    """Epoch times of both workloads with both worker methods, interleaved rounds after a warm-up."""
+    seconds = {}
+    for name, dataset in make_datasets().items():
+        seconds[name] = interleaved({m: (lambda m=m, d=dataset: epoch(d, m)) for m in METHODS}, rounds=rounds)
+    return Measured(seconds)
+
+
+def check_choice(faster: Any, measure: Callable[[], Measured] = measure) -> Measured:
+    """Check ch09: ``faster`` maps each workload to the worker_method you measured to be faster.
+
+    Prints what it measured. Raises AssertionError at the first problem, with a hint.
+    """
+    checks = _Checks()
+    check_answer_shape(faster, checks)
+    measured = measure()
+    for name in WORKLOADS:
+        times = ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
+        print(f"Measured {name}: {times} per epoch (median of {len(measured.seconds[name][METHODS[0]])} rounds)")
+    judge(faster, measured, checks)
+    checks.done()
+    return measured
+
+
+def check_answer_shape(faster: Any, checks: _Checks) -> None:
+    case = f"faster = {faster!r}"
+    if not isinstance(faster, Mapping):
+        checks.fail(case, f"faster should be a dict, but it is {type(faster).__name__}",
+                    f"write a dict with the keys {list(WORKLOADS)}, each mapped to 'multiprocessing' or 'thread'.")
+    if set(faster) != set(WORKLOADS):
+        checks.fail(case, f"faster should have the keys {list(WORKLOADS)}, but it has {list(faster)}",
+                    "one answer per workload, under these names.")
+    for name in WORKLOADS:
+        if faster[name] not in METHODS:
+            hint = "use the names DataLoader's worker_method takes: 'multiprocessing' or 'thread'."
+            if str(faster[name]).lower().startswith("process"):
+                hint = "DataLoader calls processes worker_method='multiprocessing'; write that."
+            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {faster[name]!r}", hint)
+    checks.passed += 1
+
+
+def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None = None) -> None:
+    """The verdict on each answer, from the checker's measurement alone."""
+    checks = checks or _Checks()
+    hints = {
+        "python_loop": "a pure-Python loop holds the GIL, so two threads take turns on one core; two processes each "
+                       "have their own interpreter and GIL.",
+        "sleep_numpy": "sleeping (like reading a file) and NumPy release the GIL, so threads overlap as well as "
+                       "processes do, without starting processes or sending arrays between them.",
+    }
+    for name in WORKLOADS:
+        best, gap = measured.faster(name), measured.gap(name)
+        case = f"{name}: you answered {faster[name]!r}; the checker measured {best!r} faster by {gap:.2f}x"
+        if gap < BAND:
+            print(f"{name}: the two are within {BAND}x of each other here ({gap:.2f}x), so either answer is accepted")
+        elif faster[name] != best:
+            checks.fail(case, f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", hints[name])
+        checks.passed += 1

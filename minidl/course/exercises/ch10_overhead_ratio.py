@@ -1,0 +1,166 @@
+"""Checker for exercise ch10: what minidl's DataLoader costs per batch next to torch's, as a median of ratios.
+
+The learner writes ``per_batch_seconds(loader)``: one epoch, timed from the first batch's arrival to the last's,
+divided by the batches in between (so worker start and shutdown are left out). They time minidl's and torch's
+loader over a dataset that returns its index (the loaders' own cost, nothing else) in interleaved rounds and
+report the median of the per-round ratios minidl / torch. The checker checks the timing function on a loader
+whose timing it knows, re-measures the ratio and compares.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from minidl.course.exercises._common import _Checks, _torch
+from minidl.course.exercises._measure import as_number, close
+from minidl.dataloader import DataLoader
+
+BATCHES = 3000
+ROUNDS = 7
+RATIO_FACTOR = 1.5  # a reported ratio within this factor of the measured one is accepted
+
+
+class IndexDataset:
+    """Item ``i`` is ``i``: nothing to compute, so an epoch's time is the loader's own."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        return index
+
+
+def make_loaders(batches: int = BATCHES) -> dict[str, Any]:
+    """minidl's and torch's DataLoader over ``IndexDataset(batches)``, batch_size=1, no workers."""
+    torch = _torch()
+    dataset = IndexDataset(batches)
+    return {"minidl": DataLoader(dataset, batch_size=1), "torch": torch.utils.data.DataLoader(dataset, batch_size=1)}
+
+
+class PacedLoader:
+    """A loader whose timing is known: the first batch after ``start`` seconds, each later one ``every`` seconds on."""
+
+    def __init__(self, batches: int, start: float, every: float) -> None:
+        self.batches, self.start, self.every = batches, start, every
+
+    def __iter__(self) -> Iterator[int]:
+        time.sleep(self.start)
+        for k in range(self.batches):
+            if k:
+                time.sleep(self.every)
+            yield k
+
+    def __len__(self) -> int:
+        return self.batches
+
+
+def reference_per_batch(loader: Iterable) -> float:
+    """The checker's own timing: (last batch's arrival - first batch's) / batches in between."""
+    it = iter(loader)
+    next(it)
+    first = last = time.perf_counter()
+    n = 0
+    for _ in it:
+        last = time.perf_counter()
+        n += 1
+    return (last - first) / max(n, 1)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Per-batch seconds of each loader, one per round."""
+
+    minidl: list[float]
+    torch: list[float]
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(m / t for m, t in zip(self.minidl, self.torch))
+
+
+def measure(rounds: int = ROUNDS) -> Measured:
+    """Per-batch cost of minidl and torch, alternating which goes first each round, after a warm-up epoch each."""
+    loaders = make_loaders()
+    for loader in loaders.values():
+        reference_per_batch(loader)
+    times: dict[str, list[float]] = {"minidl": [], "torch": []}
+    for r in range(rounds):
+        for name in (("minidl", "torch") if r % 2 == 0 else ("torch", "minidl")):
+            times[name].append(reference_per_batch(loaders[name]))
+    return Measured(times["minidl"], times["torch"])
+
+
+def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
+                   measure: Callable[[], Measured] = measure) -> Measured:
+    """Check ch10: ``per_batch_seconds`` times a loader right, and ``ratio`` agrees with the checker's measurement.
+
+    Prints what it measured. Raises AssertionError at the first problem, with a hint.
+    """
+    checks = _Checks()
+    check_timer(per_batch_seconds, checks)
+    measured = measure()
+    print(f"Measured: minidl {statistics.median(measured.minidl) * 1e6:.1f} µs per batch, torch "
+          f"{statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / torch {measured.ratio:.2f} "
+          f"(median of {len(measured.minidl)} per-round ratios)")
+    judge(ratio, measured, checks)
+    checks.done()
+    return measured
+
+
+def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks) -> None:
+    for batches, start, every in ((11, 0.2, 0.01), (3, 0.0, 0.05)):
+        case = f"a loader of {batches} batches: the first after {start} s, then one every {every} s"
+        loader = PacedLoader(batches, start, every)
+        try:
+            got = per_batch_seconds(loader)
+        except Exception as e:
+            e.add_note(f"(raised by your per_batch_seconds, for {case})")
+            raise
+        number = as_number(got)
+        if number is None:
+            checks.fail(case, f"per_batch_seconds should return a number of seconds, but it returned {got!r}")
+        if number > every * 1.6:
+            hint = "stamp the time when each batch arrives, and divide by the number of batches after the first."
+            if abs(number - 1 / every) < 1 / every * 0.4:
+                hint = "that looks like batches per second: return seconds per batch."
+            elif start and number >= (start + batches * every) / batches * 0.8:
+                hint = ("you included the wait for the first batch (worker start): start the clock when the first "
+                        "batch arrives.")
+            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", hint)
+        if number < every * 0.9:
+            hint = "divide by the batches that arrived after the first one: n - 1 for n batches."
+            if number < every * 0.1:
+                hint = "time the whole loop over the loader, not one next() call or the creation of the iterator."
+            elif 0.9 < number * batches / (batches - 1) / every < 1.3:
+                hint = ("you divided by all n batches, but the clock ran only from the first to the last: n - 1 "
+                        "intervals.")
+            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", hint)
+        checks.passed += 1
+
+
+def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None:
+    """The verdict on the reported ``ratio``, from the checker's measurement alone."""
+    checks = checks or _Checks()
+    case = f"your ratio, {ratio!r}, against the {measured.ratio:.2f} measured"
+    number = as_number(ratio)
+    if number is None or number <= 0:
+        checks.fail(case, f"ratio should be a positive number, but it is {ratio!r}",
+                    "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.")
+    if not close(number, measured.ratio, RATIO_FACTOR):
+        hint = ("time both loaders in interleaved rounds (minidl then torch, then torch then minidl, ...), divide "
+                "within each round, and report the median of those ratios.")
+        if close(1 / number, measured.ratio, RATIO_FACTOR):
+            hint = "you divided the other way round: minidl's per-batch time / torch's."
+        elif number == 1:
+            hint = "1.0 says the two cost the same: report the ratio you measured, not a guess."
+        checks.fail(case, f"that is more than {RATIO_FACTOR}x away from what the checker measured", hint)
+    checks.passed += 1
