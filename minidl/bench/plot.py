@@ -187,7 +187,8 @@ def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], *, titl
     for label, level in (hlines or {}).items():
         ax.axhline(level, ls="--", lw=1, color="0.45")
         ax.annotate(label, (0.01, level), xycoords=("axes fraction", "data"), va="bottom", fontsize=8,
-                    color="0.3", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+                    color="0.3", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
+                    zorder=1.5)  # above the grid, below the data lines (zorder 2)
     ax.set_xscale("log" if logx else "linear")
     ax.set_yscale("log" if logy else "linear")
     if not logy:
