@@ -197,20 +197,29 @@ def run(session: Session) -> None:
     if missing("matplotlib"):
         session.skip("plots", "matplotlib not installed")
         return
+    for name, fig in figures(cpu, io, per_task_us, speedups, sizes).items():
+        session.savefig(fig, name)
+
+
+PLOTS = ("kernels_cpu.png", "kernels_io.png", "kernels_crossover.png")
+
+
+def figures(cpu: Mapping[str, Timing], io: Mapping[str, Timing], per_task_us: list[float],
+            speedups: Mapping[str, list[float]], sizes: Sizes, caption: str | None = None) -> dict[str, Any]:
+    """Filename -> figure for the measured timings (``minidl.bench.replot`` passes them read from the CSV)."""
     from minidl.bench import plot
 
+    # From 3 ms (NumPy) to 0.7 s (pure Python): decades, so dots on a log axis, not bars.
     title = f"Normalise {sizes.images} images (32x32 RGB) by each method"
-    session.savefig(plot.bar_times(cpu, title=title, what="time per batch", baseline="python serial"),
-                    "kernels_cpu.png")
+    cpu_fig = plot.dot_times(cpu, title=title, what="time per batch", baseline="python serial", caption=caption)
     title = f"Fetch {sizes.samples} samples with {sizes.latency * 1e3:g} ms of simulated I/O wait each"
-    session.savefig(plot.bar_times(io, title=title, what="time per batch", baseline="serial", log=False),
-                    "kernels_io.png")
+    io_fig = plot.bar_times(io, title=title, what="time per batch", baseline="serial", log=False, caption=caption)
     title = f"When does a Pool pay? {sizes.crossover_tasks} Monte-Carlo tasks, one per message"
-    fig = plot.line_plot(per_task_us, speedups, logx=True, logy=True, title=title,
-                         xlabel="work per task (µs of serial compute, log scale)",
-                         ylabel="speedup over a serial loop (log scale)",
-                         hlines={"break-even": 1.0, "2 workers": 2.0})
-    session.savefig(fig, "kernels_crossover.png")
+    crossover = plot.line_plot(per_task_us, speedups, logx=True, logy=True, title=title, caption=caption,
+                               xlabel="work per task (µs of serial compute, log scale)",
+                               ylabel="speedup over a serial loop (log scale)",
+                               hlines={"break-even": 1.0, "2 workers": 2.0})
+    return dict(zip(PLOTS, (cpu_fig, io_fig, crossover)))
 
 
 def _cpu_normalise(session: Session, sizes: Sizes, has_numba: bool) -> dict[str, Timing]:

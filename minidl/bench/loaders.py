@@ -286,7 +286,8 @@ def run(session: Session) -> None:
     if missing("matplotlib"):
         session.skip("plots", "matplotlib not installed")
         return
-    _plots(session, results, datasets)
+    for name, fig in figures(read_rows(session.out / "loaders_metrics.csv")).items():
+        session.savefig(fig, name)
 
 
 def _throughput(epochs: Sequence[Epoch]) -> float:
@@ -444,35 +445,57 @@ def text_table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]])
 
 # --- plots ----------------------------------------------------------------------------------------
 
-def _plots(session: Session, results: Mapping[Key, list[Epoch]], datasets: Mapping[str, Any]) -> None:
+def figures(metrics: Sequence[Mapping[str, str]], caption: str | None = None) -> dict[str, Any]:
+    """Filename -> figure, from the rows of ``loaders_metrics.csv`` (the run and ``minidl.bench.replot`` alike).
+
+    Throughput per workload against num_workers, time to the first batch, and peak PSS.
+    """
     from minidl.bench import plot
 
-    cores = core_count()
-    counts = sorted({k[2] for k in results})
-    for name in datasets:
-        series = {b: [_median(results, (name, _as_minidl(b, w), w), "samples_per_s") for w in counts]
-                  for b in BACKENDS}
+    keyed = {(r["workload"], r["method"], int(r["workers"])): r for r in metrics}
+    names = list(dict.fromkeys(k[0] for k in keyed))
+    counts = sorted({k[2] for k in keyed})
+    cores = int(metrics[0]["cores"])
+
+    def med(name: str, backend: str, w: int, metric: str) -> float:
+        return float(keyed[name, _as_minidl(backend, w), w][f"{metric}_median"])
+
+    figs: dict[str, Any] = {}
+    for name in names:
+        series = {b: [med(name, b, w, "samples_per_s") for w in counts] for b in BACKENDS}
         base = series["torch"][0]
         hlines = {"torch, no workers": base}
         if name != "io":  # waiting needs no core: only the CPU-bound workloads hit the core limit
             hlines[f"{cores} cores x torch, no workers: the limit"] = base * cores
-        fig = plot.line_plot(counts, series, hlines=hlines, xlabel="num_workers",
+        samples = keyed[name, "torch", 0]["samples"]
+        fig = plot.line_plot(counts, series, hlines=hlines, xlabel="num_workers", caption=caption,
                              ylabel="samples/s (median of epochs)",
-                             title=f"{name} workload: {len(datasets[name])} samples per epoch, batch size {BATCH_SIZE}")
+                             title=f"{name} workload: {samples} samples per epoch, batch size {BATCH_SIZE}")
         fig.axes[0].set_xticks(counts)
-        session.savefig(fig, f"loaders_throughput_{name}.png")
+        figs[f"loaders_throughput_{name}.png"] = fig
 
     w = max([c for c in counts if 0 < c <= cores] or counts[1:2])  # as many workers as cores, where measured
-    firsts = {f"{name} · {b}": timing([e.first_batch for e in results[name, b, w]]) for name in datasets
-              for b in BACKENDS}
-    session.savefig(plot.bar_times(firsts, what="time to first batch",
-                                   title=f"Time to the first batch with {w} workers (worker start + one batch)"),
-                    "loaders_first_batch.png")
+    firsts = {}
+    for name in names:
+        for b in BACKENDS:
+            r = keyed[name, b, w]
+            firsts[f"{name} · {b}"] = Timing(*(float(r[f"first_batch_s_{m}"]) for m in ("median", "min", "max")),
+                                            int(r["repeats"]), float(r["first_batch_s_median"]))
+    figs["loaders_first_batch.png"] = plot.bar_times(
+        firsts, what="time to first batch", caption=caption, groups={k: k.split(" · ")[1] for k in firsts},
+        title=f"Time to the first batch with {w} workers (worker start + one batch)")
 
     # PSS, not USS: a forked worker shares the main process's pages, which USS then counts nowhere.
-    series = {f"{name} · {b}": [_median(results, (name, _as_minidl(b, w), w), "peak_pss_mib") for w in counts]
-              for name in ("numpy", "images") for b in BACKENDS}
-    fig = plot.line_plot(counts, series, xlabel="num_workers", ylabel="peak PSS, main + workers (MiB)",
+    series = {f"{name} · {b}": [med(name, b, c, "peak_pss_mib") for c in counts]
+              for name in ("numpy", "images") if name in names for b in BACKENDS}
+    fig = plot.line_plot(counts, series, xlabel="num_workers", ylabel="peak PSS, main + workers (MiB)", caption=caption,
                          title="Peak memory of the loading processes (PSS summed; USS in loaders_metrics.csv)")
     fig.axes[0].set_xticks(counts)
-    session.savefig(fig, "loaders_memory.png")
+    figs["loaders_memory.png"] = fig
+    return figs
+
+
+def read_rows(path: str | Path) -> list[dict[str, str]]:
+    """The rows of one CSV, as dicts of strings."""
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 from minidl.bench import workloads
 from minidl.bench.harness import Session, Timing, format_seconds, missing
@@ -187,14 +188,32 @@ def ratio_tables(per_batch: Mapping[tuple[int, int, str], list[BatchTimes]],
 
 def _plots(session: Session, per_batch: Mapping[tuple[int, int, str], list[BatchTimes]],
            traced: Mapping[tuple[int, str, bool], list[Epoch]], sizes: Sizes) -> None:
+    costs = {(bs, w, b): timing([e.per_batch for e in epochs]) for (bs, w, b), epochs in per_batch.items()}
+    epochs = {(w, b, on): timing([e.seconds for e in runs]) for (w, b, on), runs in traced.items()}
+    for name, fig in figures(costs, epochs, sizes.trace_samples).items():
+        session.savefig(fig, name)
+
+
+PLOTS = ("overhead_per_batch.png", "overhead_trace.png")
+
+
+def figures(costs: Mapping[tuple[int, int, str], Timing], epochs: Mapping[tuple[int, str, bool], Timing],
+            trace_samples: int, caption: str | None = None) -> dict[str, Any]:
+    """Filename -> figure: per-batch cost by (batch size, workers, backend), and epochs by (workers, backend, trace).
+
+    The run passes its Timings; ``minidl.bench.replot`` passes the same read back from the CSVs.
+    """
     from minidl.bench import plot
 
-    costs: dict[str, Timing] = {f"batch {bs}, {w} workers · {b}": timing([e.per_batch for e in per_batch[bs, w, b]])
-                                for bs in BATCH_SIZES for w in WORKERS for b in backends_for(w)}
-    session.savefig(plot.bar_times(costs, what="time per batch, steady state",
-                                   title="The loader's own cost per batch (a dataset that returns its index)"),
-                    "overhead_per_batch.png")
-    epochs = {f"{b}, {w} workers{', trace=True' if on else ''}": timing([e.seconds for e in traced[w, b, on]])
+    per_batch = {f"batch {bs}, {w} workers · {b}": costs[bs, w, b]
+                 for bs in BATCH_SIZES for w in WORKERS for b in backends_for(w)}
+    # A few µs with no workers, tens to hundreds with them: decades, so dots on a log axis.
+    per_batch_fig = plot.dot_times(per_batch, what="time per batch, steady state", caption=caption,
+                                   groups={k: k.split(" · ")[1] for k in per_batch},
+                                   title="The loader's own cost per batch (a dataset that returns its index)")
+    traced = {f"{b}, {w} workers{', trace=True' if on else ''}": epochs[w, b, on]
               for w, b in TRACE_BACKENDS for on in (False, True)}
-    title = f"Tracing's cost: one epoch of the numpy workload ({sizes.trace_samples} samples)"
-    session.savefig(plot.bar_times(epochs, what="time per epoch", log=False, title=title), "overhead_trace.png")
+    title = f"Tracing's cost: one epoch of the numpy workload ({trace_samples} samples)"
+    trace_fig = plot.bar_times(traced, what="time per epoch", log=False, title=title, caption=caption,
+                               groups={k: "trace=True" if k.endswith("trace=True") else "trace off" for k in traced})
+    return dict(zip(PLOTS, (per_batch_fig, trace_fig)))

@@ -144,10 +144,11 @@ def figures(rows: Sequence[Row]) -> dict[str, Any]:
     firsts = {f"{n} · {build} · {LABELS[b]}": _timing(keyed[build, n, b, w], "first_batch_s")
               for n in names for build in builds for b in BACKENDS}
     figs["threads_first_batch.png"] = plot.bar_times(
-        firsts, what="time to first batch", caption=text,
+        firsts, what="time to first batch", caption=text, groups={k: k.split(" · ", 1)[1] for k in firsts},
         title=f"Time to the first batch with {w} workers (worker start + one batch)")
 
     # PSS, not USS: forked workers share the main process's pages, which USS then counts nowhere.
+    # line_plot starts the y-axis at zero: the memory of threads and processes compares as sizes.
     series = {f"{n} · {build} · {LABELS[b]}": [float(keyed[build, n, "serial" if c == 0 else b, c]
                                                     ["peak_pss_mib_median"]) for c in counts]
               for n in ("numpy", "images") if n in names for build in builds for b in BACKENDS}

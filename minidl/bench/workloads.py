@@ -45,8 +45,8 @@ class PythonWorkload:
     object belongs to the thread that made it: its owner updates the reference count with plain
     arithmetic, every other thread with an atomic operation on a count they all share. Constants made by
     the importing thread and passed to ``min``/``max`` 6,000 times a sample from two threads keep one
-    cache line moving between the cores: ``perf`` on 3.14t put 13% of the time in ``_Py_DecRefShared``
-    (0.1% with copies). Notebook 09 measures both versions side by side.
+    cache line moving between the cores: ``perf`` on 3.13t put 9.0% of the samples in ``_Py_DecRefShared``
+    (0.04% with copies; ``results/threads/perf_decref.txt``). Notebook 09 measures both side by side.
     """
 
     def __init__(self, n: int, side: int = 32, shared_constants: bool = False) -> None:
