@@ -43,7 +43,21 @@ def rejects(fn, *args, hint, **kwargs):
 
 
 def no_children_left():
-    return [p for p in psutil.Process().children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE]
+    """Live children of this test process, except multiprocessing's own long-lived helpers.
+
+    The first spawn/forkserver start in a process launches a resource tracker (and forkserver, a server)
+    that stay for the life of the interpreter by design; they are not a loader's workers.
+    """
+    helpers = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+    def is_helper(p):
+        try:
+            return any(h in " ".join(p.cmdline()) for h in helpers)
+        except psutil.Error:
+            return False
+
+    return [p for p in psutil.Process().children(recursive=True)
+            if p.status() != psutil.STATUS_ZOMBIE and not is_helper(p)]
 
 
 # --- _measure -------------------------------------------------------------------------------------
