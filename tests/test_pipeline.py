@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import minidl
 from minidl.bench.harness import missing
 from minidl.course import pipeline as P
+from minidl.course import toy
 from minidl.course.toy import FailingDataset
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -223,3 +224,20 @@ def test_pool_loader_reraises_the_workers_exception_bare():
     loader = minidl.DataLoader(FailingDataset(8, bad_index=5), batch_size=2, num_workers=2, collate_fn=list)
     with pytest.raises(KeyError, match="Caught KeyError in DataLoader worker process"):
         list(loader)
+
+
+@pytest.mark.timeout(60)
+def test_pool_workers_start_with_the_parents_random_state_under_fork():
+    import multiprocessing
+
+    state = np.random.get_state()
+    try:
+        np.random.seed(0)  # as a notebook does: now the global generator's state is this process's to copy
+        draws = P.pool_first_draws(2)
+    finally:
+        np.random.set_state(state)
+    assert len(draws) == 2 and all(0 <= d < 1 for d in draws)
+    if multiprocessing.get_start_method() == "fork":
+        assert draws[0] == draws[1] == np.random.RandomState(0).random()  # both copied the seeded state
+    loader = minidl.DataLoader(toy.GlobalRandomDataset(2), batch_size=1, num_workers=2, collate_fn=list)
+    assert len({draws["numpy"] for batch in loader for _, draws in batch}) == 2  # each worker seeded apart

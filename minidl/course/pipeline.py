@@ -128,8 +128,13 @@ def decode_augment_batch(raw: np.ndarray, y0: np.ndarray, x0: np.ndarray, flip: 
     windows = sliding_window_view(images, (size, size), axis=(1, 2))  # (B, H-size+1, W-size+1, 3, size, size)
     crops = windows[np.arange(len(raw)), y0, x0]  # each sample's own crop, already channels-first
     crops = np.where(flip[:, None, None, None], crops[..., ::-1], crops)
-    v = np.minimum(crops * gain[:, None, None, None], 255.0) / 255.0
-    return ((v - _MEAN[:, None, None]) / _STD[:, None, None]).astype(np.float32)
+    # In place: a batch's float64 temporaries are large, and every new one costs a fresh allocation.
+    v = crops * gain[:, None, None, None]
+    np.minimum(v, 255.0, out=v)
+    v /= 255.0
+    v -= _MEAN[:, None, None]
+    v /= _STD[:, None, None]
+    return v.astype(np.float32)
 
 
 def collate_and_augment(samples: Sequence[tuple], size: int) -> tuple[np.ndarray, np.ndarray]:
@@ -292,3 +297,18 @@ def serial_loader(dataset: Any, batches: Sequence[Sequence[int]], collate_fn: Ca
     collate_fn = collate_fn or collate_fn_for(dataset)
     for indices in batches:
         yield collate_fn([dataset[i] for i in indices])
+
+
+def _put_first_draw(queue: Any) -> None:
+    queue.put(float(np.random.random()))
+
+
+def pool_first_draws(processes: int) -> list[float]:
+    """Each Pool worker's first draw from NumPy's global generator, as it starts.
+
+    Once this process has seeded (or used) that generator, ``fork`` copies its state into every worker, and
+    they all draw the same numbers. Python's own ``random`` reseeds itself in a forked child; NumPy's does not.
+    """
+    queue = multiprocessing.Queue()
+    with multiprocessing.Pool(processes, initializer=_put_first_draw, initargs=(queue,)):
+        return [queue.get(timeout=30) for _ in range(processes)]
