@@ -7,6 +7,7 @@ torch's DataLoader and a multiprocessing.Pool, and must give the serial loop's b
 
 from __future__ import annotations
 
+import os
 import pickle
 import subprocess
 import sys
@@ -241,3 +242,26 @@ def test_pool_workers_start_with_the_parents_random_state_under_fork():
         assert draws[0] == draws[1] == np.random.RandomState(0).random()  # both copied the seeded state
     loader = minidl.DataLoader(toy.GlobalRandomDataset(2), batch_size=1, num_workers=2, collate_fn=list)
     assert len({draws["numpy"] for batch in loader for _, draws in batch}) == 2  # each worker seeded apart
+
+
+class ExitsAt(toy.RangeDataset):
+    """Ends the process that fetches ``bad_index``, as a crash in a decoder would."""
+
+    def __init__(self, n: int, bad_index: int) -> None:
+        super().__init__(n)
+        self.bad_index = bad_index
+
+    def __getitem__(self, index: int) -> int:
+        if index == self.bad_index:
+            os._exit(3)
+        return index
+
+
+@pytest.mark.timeout(60)
+def test_pool_loader_times_out_when_a_worker_dies_where_the_dataloader_raises():
+    import multiprocessing
+
+    with pytest.raises(multiprocessing.TimeoutError):  # the Pool starts a new worker, but the batch is lost
+        list(P.pool_loader(ExitsAt(4, 1), P.batches_of(range(4), 1), 2, collate_fn=list, timeout=3))
+    with pytest.raises(RuntimeError, match=r"DataLoader worker\(s\) exited unexpectedly"):
+        list(minidl.DataLoader(ExitsAt(4, 1), num_workers=2, collate_fn=list))

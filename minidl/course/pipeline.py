@@ -281,15 +281,19 @@ def batches_of(order: Sequence[int], batch_size: int) -> list[list[int]]:
 
 
 def pool_loader(dataset: Any, batches: Sequence[Sequence[int]], processes: int,
-                collate_fn: Callable | None = None) -> Iterator:
+                collate_fn: Callable | None = None, timeout: float = 120.0) -> Iterator:
     """Batches from a ``multiprocessing.Pool(processes).imap``, in order: the do-it-yourself DataLoader.
 
     The dataset reaches each worker once, through the Pool's initializer; each task is one batch of indices.
     The Pool starts when iteration does and is terminated when it ends (or the generator is closed).
+    A Pool replaces a worker that dies but never re-sends its batch: without ``timeout`` (seconds per batch,
+    then ``multiprocessing.TimeoutError``) the loop would wait for it forever.
     """
     fetch = partial(_pool_fetch, collate_fn=collate_fn or collate_fn_for(dataset))
     with multiprocessing.Pool(processes, initializer=_pool_init, initargs=(dataset,)) as pool:
-        yield from pool.imap(fetch, batches)
+        results = pool.imap(fetch, batches)
+        for _ in range(len(batches)):
+            yield results.next(timeout)
 
 
 def serial_loader(dataset: Any, batches: Sequence[Sequence[int]], collate_fn: Callable | None = None) -> Iterator:
