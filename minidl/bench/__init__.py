@@ -33,6 +33,7 @@ SUITES: dict[str, str] = {
     "overhead": "minidl.bench.overhead",
     "gpu": "minidl.bench.gpu",
     "threads": "minidl.bench.threads",
+    "pipeline": "minidl.bench.pipeline",
 }
 
 
