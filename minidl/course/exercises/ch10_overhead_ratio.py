@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from minidl.course import toy
 from minidl.course.exercises._common import _Checks, _torch
 from minidl.course.exercises._measure import as_number, close
 from minidl.dataloader import DataLoader
@@ -24,25 +25,10 @@ ROUNDS = 7
 RATIO_FACTOR = 1.5  # a reported ratio within this factor of the measured one is accepted
 
 
-class IndexDataset:
-    """Item ``i`` is ``i``: nothing to compute, so an epoch's time is the loader's own."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        if not 0 <= index < self.n:
-            raise IndexError(f"index {index} out of range for {self.n} items")
-        return index
-
-
 def make_loaders(batches: int = BATCHES) -> dict[str, Any]:
-    """minidl's and torch's DataLoader over ``IndexDataset(batches)``, batch_size=1, no workers."""
+    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)`` (item ``i`` is ``i``: an epoch's time is the loader's own), batch_size=1, no workers."""
     torch = _torch()
-    dataset = IndexDataset(batches)
+    dataset = toy.RangeDataset(batches)
     return {"minidl": DataLoader(dataset, batch_size=1), "torch": torch.utils.data.DataLoader(dataset, batch_size=1)}
 
 
