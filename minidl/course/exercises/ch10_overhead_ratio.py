@@ -26,7 +26,10 @@ RATIO_FACTOR = 1.5  # a reported ratio within this factor of the measured one is
 
 
 def make_loaders(batches: int = BATCHES) -> dict[str, Any]:
-    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)`` (item ``i`` is ``i``: an epoch's time is the loader's own), batch_size=1, no workers."""
+    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)``, batch_size=1, no workers.
+
+    Item ``i`` is ``i``: nothing to compute, so an epoch's time is the loader's own.
+    """
     torch = _torch()
     dataset = toy.RangeDataset(batches)
     return {"minidl": DataLoader(dataset, batch_size=1), "torch": torch.utils.data.DataLoader(dataset, batch_size=1)}
