@@ -65,6 +65,21 @@ class WorkerRandomDataset(RangeDataset):
         return index, float(info.rng.numpy_generator.random())
 
 
+class WorkerGeneratorsDataset(RangeDataset):
+    """Each item is ``(index, draws)``: one draw from each of a thread worker's own generators.
+
+    ``get_worker_info().rng`` (torch 2.13's container) is set in thread workers only: a process
+    worker has ``rng=None`` and draws from the global streams (``GlobalRandomDataset``).
+    """
+
+    def __getitem__(self, index: int):
+        import torch
+
+        rng = get_worker_info().rng
+        return index, {"random": rng.random_generator.random(), "numpy": float(rng.numpy_generator.random()),
+                       "torch": float(torch.rand((), generator=rng.torch_generator))}
+
+
 class WorkerIdDataset(RangeDataset):
     """Each item is ``(index, worker id, worker seed, pid)``: which worker fetched what."""
 
