@@ -162,7 +162,8 @@ def test_replot_redraws_every_png_each_suite_lists_from_the_committed_csvs(commi
               *(f"loaders_throughput_{n}.png" for n in workloads), "threads_first_batch.png", "threads_memory.png",
               *(f"threads_speedup_{n}.png" for n in threads)}
     assert written == listed
-    assert written == {p.name for p in RUN.glob("*.png")}  # and the committed PNGs are exactly these
+    # ... and the committed PNGs are exactly these, but for the pipeline suite's, which replot doesn't redraw
+    assert written == {p.name for p in RUN.glob("*.png") if not p.name.startswith("pipeline_")}
     assert all((committed / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in written)
     printed = capsys.readouterr().out
     assert all(f"wrote {committed / name}" in printed for name in written)
