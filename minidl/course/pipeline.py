@@ -15,6 +15,7 @@ top level, so process workers (``spawn`` included) and thread workers can load t
 from __future__ import annotations
 
 import multiprocessing
+import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from functools import partial
@@ -288,12 +289,34 @@ def pool_loader(dataset: Any, batches: Sequence[Sequence[int]], processes: int,
     The Pool starts when iteration does and is terminated when it ends (or the generator is closed).
     A Pool replaces a worker that dies but never re-sends its batch: without ``timeout`` (seconds per batch,
     then ``multiprocessing.TimeoutError``) the loop would wait for it forever.
+
+    ``imap`` pulls tasks from its iterable as fast as its feeder thread can, so the feed here waits for a
+    free slot: at most two tasks per process are out, as a DataLoader's ``prefetch_factor=2``. This also
+    keeps the Pool safe to leave early: terminating it while its feeder is still pushing a long backlog
+    into the workers' pipe can hang ``Pool.terminate()`` (seen here: the feeder stuck in ``put``).
     """
     fetch = partial(_pool_fetch, collate_fn=collate_fn or collate_fn_for(dataset))
+    slots = threading.Semaphore(2 * processes)  # tasks handed to the Pool and not yet consumed
+    leaving = threading.Event()
+
+    def feed() -> Iterator[Sequence[int]]:  # runs in the Pool's feeder thread
+        for indices in batches:
+            while not slots.acquire(timeout=0.05):
+                if leaving.is_set():
+                    return
+            if leaving.is_set():
+                return
+            yield indices
+
     with multiprocessing.Pool(processes, initializer=_pool_init, initargs=(dataset,)) as pool:
-        results = pool.imap(fetch, batches)
-        for _ in range(len(batches)):
-            yield results.next(timeout)
+        try:
+            results = pool.imap(fetch, feed())
+            for _ in range(len(batches)):
+                batch = results.next(timeout)
+                slots.release()
+                yield batch
+        finally:
+            leaving.set()  # the feeder stops within 0.05 s, before the Pool is terminated
 
 
 def serial_loader(dataset: Any, batches: Sequence[Sequence[int]], collate_fn: Callable | None = None) -> Iterator:
