@@ -488,7 +488,7 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
 
     def _state_dict(self, loader: DataLoader) -> LoaderState:
         dataset = self._dataset if self._dataset_kind == _DatasetKind.Iterable else None
-        main = capture_worker_state("main", None, dataset)
+        main = capture_worker_state(None, dataset)
         main["ended"] = getattr(self._dataset_fetcher, "ended", False)  # see _worker_loop's snapshot
         return _loader_state(loader, self, tasks_done=self._num_yielded, main=main)
 

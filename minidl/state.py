@@ -114,11 +114,11 @@ class _StateRequest:
 # --- a worker's state -------------------------------------------------------------------------
 
 
-def capture_worker_state(worker_method: str, rng, dataset: Any) -> dict:
+def capture_worker_state(rng, dataset: Any) -> dict:
     """The random streams a worker's dataset may draw from, and the dataset's own state if it has one.
 
-    ``rng`` is a thread worker's ``_RNG`` (None elsewhere); ``worker_method="main"`` (no workers)
-    saves the main process's global streams.
+    ``rng`` is a thread worker's ``_RNG``; ``None`` (a process worker, or the main process with no
+    workers) saves the process's global streams.
     """
     state: dict[str, Any] = {}
     if rng is not None:  # a thread worker must not touch the global streams: its own three instead

@@ -256,7 +256,7 @@ def _worker_loop(
             # An iterable replica that already ran dry may have reset its own position for the
             # next epoch; "ended" records that this epoch has nothing more from it.
             ended = iteration_end or getattr(fetcher, "ended", False)
-            return {**capture_worker_state(options.worker_method, rng, dataset), "ended": ended}
+            return {**capture_worker_state(rng, dataset), "ended": ended}
 
         watchdog = _ThreadWatchdog() if in_thread else ManagerWatchdog()
         while watchdog.is_alive():
