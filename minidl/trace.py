@@ -179,6 +179,10 @@ def traced_worker_queues(index_queue, data_queue, worker_id: int):
 class _TracedIterMixin:
     """Records, around each ``next()``: the consumer's time since the last batch, the wait, the hand-over."""
 
+    def __init__(self, loader) -> None:
+        self._start_tracing(loader)  # before the iterator starts: it may send tasks right away
+        super().__init__(loader)
+
     def _start_tracing(self, loader) -> None:
         self._trace = loader.trace
         self._recorder = Recorder("main")
@@ -203,10 +207,6 @@ class _TracedIterMixin:
 
 
 class _TracedSingleProcessDataLoaderIter(_TracedIterMixin, _SingleProcessDataLoaderIter):
-    def __init__(self, loader) -> None:
-        self._start_tracing(loader)
-        super().__init__(loader)
-
     def _create_fetcher(self):
         return traced_fetcher(self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn,
                               self._drop_last, self._recorder)
@@ -225,10 +225,6 @@ class _TracedSingleProcessDataLoaderIter(_TracedIterMixin, _SingleProcessDataLoa
 
 class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDataLoaderIter):
     """Records each send and receive; workers record their own steps and ship them with each batch."""
-
-    def __init__(self, loader) -> None:
-        self._start_tracing(loader)
-        super().__init__(loader)
 
     def _start_pin_memory_thread(self, in_queue, out_queue):
         recorder = Recorder("pin")  # a "pin" span: from taking a batch off in_queue to putting it on out_queue
