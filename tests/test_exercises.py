@@ -68,7 +68,7 @@ def test_importing_the_checkers_needs_no_torch():
 def test_your_turn_shows_as_one_line_in_a_notebook():
     from minidl.course.exercises import YourTurn
 
-    assert YourTurn("write __iter__")._render_traceback_() == ["YourTurn: write __iter__"]
+    assert YourTurn()._render_traceback_() == [f"YourTurn: {YourTurn.MESSAGE}"]
 
 # --- the references agree with torch ---------------------------------------------------------------
 
@@ -984,11 +984,11 @@ def test_call_as_worker_answers_get_worker_info_for_that_worker_and_restores_it(
 
 def test_your_turn_raised_in_a_worker_still_shows_as_its_message():
     def unwritten(worker_id):
-        raise YourTurn("write seed_worker")
+        raise YourTurn()
 
     with pytest.raises(YourTurn) as info:
         list(minidl.DataLoader(AugmentedDataset(4), num_workers=1, worker_init_fn=unwritten))
-    assert info.value._render_traceback_() == ["YourTurn: write seed_worker (raised in a worker process)"]
+    assert info.value._render_traceback_() == [f"YourTurn: {YourTurn.MESSAGE} (raised in a worker)"]
 
 
 from minidl.course.exercises import YourTurn, call_as_worker  # noqa: E402

@@ -106,23 +106,26 @@ class _Checks:
 
 
 class YourTurn(Exception):
-    """Raised by an exercise cell that is still to be written; its message says what to write.
+    """Raised by an exercise cell that is still to be written. Every exercise raises the same one line;
+    the ``# YOUR CODE HERE`` comment in the cell says what to write.
 
-    In a notebook it shows as one line, not a traceback: IPython calls ``_render_traceback_``. Raised in a
+    In a notebook it shows as that line, not a traceback: IPython calls ``_render_traceback_``. Raised in a
     DataLoader worker, it comes back wrapped with the worker's traceback; the line shown is still the message.
+    The notebooks tag these cells ``raises-exception``, so Run All goes on past them.
 
-    >>> YourTurn("write __iter__")._render_traceback_()
-    ['YourTurn: write __iter__']
+    >>> YourTurn()._render_traceback_()
+    ['YourTurn: your turn: write the code marked YOUR CODE HERE, then run this cell again']
     """
 
+    MESSAGE = "your turn: write the code marked YOUR CODE HERE, then run this cell again"
+
+    def __init__(self, worker_report: str | None = None) -> None:
+        # A DataLoader re-raises a worker's exception as ``YourTurn(report)``, the report holding its traceback.
+        super().__init__(worker_report or self.MESSAGE)
+
     def _render_traceback_(self) -> list[str]:
-        text = str(self)
-        # From a worker: "Caught YourTurn in DataLoader worker process 0. Original Traceback ... <module>.YourTurn: ..."
-        from_worker = [line.partition("YourTurn: ")[2] for line in text.splitlines()
-                       if line.partition("YourTurn: ")[0].replace(".", "").replace("_", "").isalnum()]
-        if text.startswith("Caught YourTurn") and from_worker:
-            return [f"YourTurn: {from_worker[-1]} (raised in a worker process)"]
-        return [f"YourTurn: {text}"]
+        where = " (raised in a worker)" if str(self).startswith("Caught YourTurn") else ""
+        return [f"YourTurn: {self.MESSAGE}{where}"]
 
 
 # --- catching an answer that delegates to the library --------------------------------------------
