@@ -36,7 +36,7 @@ unit: setup
 
 # Every notebook, run in a fresh kernel and compared with its committed outputs, in quick mode.
 nbval: setup
-	MINIDL_QUICK=1 $(PYTEST) --nbval --nbval-current-env notebooks
+	MINIDL_QUICK=1 $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
 
 bench: setup
 	$(BIN)/python -m minidl.bench
