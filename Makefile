@@ -10,7 +10,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to start as root unless told; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test lint unit nbval bench clean ft test-ft bench-ft
+.PHONY: setup lab test lint unit unit-forkserver unit-spawn nbval bench clean ft test-ft bench-ft
 
 setup: $(STAMP)
 
@@ -33,6 +33,15 @@ lint: setup
 # Unit tests plus the doctest examples in the package's docstrings.
 unit: setup
 	$(PYTEST) tests minidl --doctest-modules
+
+# The tests that start process workers, again with the default start method set to forkserver (Linux
+# from Python 3.14) and to spawn (macOS, Windows): tests/start_method/sitecustomize.py reads MINIDL_START_METHOD
+# in every process of the run. Tests about fork itself ask for it by name.
+MP_TESTS := tests/test_worker.py tests/test_dataloader.py tests/test_torch_parity_loader.py tests/test_faults.py \
+	tests/test_shutdown.py tests/test_state.py tests/test_pin_memory.py
+
+unit-forkserver unit-spawn: unit-%: setup
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=$* $(PYTEST) $(MP_TESTS)
 
 # Every notebook, run in a fresh kernel and compared with its committed outputs, in quick mode.
 nbval: setup

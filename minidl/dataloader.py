@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from minidl import _random, _utils
-from minidl._picklable import check_picklable
+from minidl._picklable import check_main_module, pickling_errors_named
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
@@ -581,8 +581,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             context = _ThreadContext
         else:
             context = loader.multiprocessing_context or _mp_module().get_context()
-            check_picklable(context, {"dataset": loader.dataset, "collate_fn": loader.collate_fn,
-                                      "worker_init_fn": loader.worker_init_fn})
+            check_main_module(context, loader)  # spawn/forkserver from a notebook: can the worker import it?
 
         self._worker_result_queue = context.Queue()
         self._workers_done_event = context.Event()
@@ -621,7 +620,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 name=f"minidl_worker_{i}",
             )
             w.daemon = True
-            w.start()
+            with pickling_errors_named(context, loader):  # spawn/forkserver pickle here: name what failed
+                w.start()
             # Only started workers are recorded, so shutdown never joins one that never ran.
             self._index_queues.append(index_queue)
             self._workers.append(w)

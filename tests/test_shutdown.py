@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+from workers_up import WorkersUp
 
 import minidl
 from minidl import _random
@@ -70,9 +71,11 @@ def test_dead_worker_raises_runtime_error_naming_pid_and_exit_status(how):
 
 @pytest.mark.parametrize("worker_method", METHODS)
 def test_timeout_raises_runtime_error_naming_it(worker_method):
+    up = WorkersUp(1)
     loader = loader_of(toy.SlowDataset(6, slow=(2,), slow_delay=2.0), batch_size=1, num_workers=1,
-                               timeout=0.5, worker_method=worker_method)
+                               timeout=0.5, worker_method=worker_method, worker_init_fn=up.worker_init_fn)
     it = iter(loader)
+    up.wait()  # time the slow batch, not the start-up
     assert [next(it).tolist(), next(it).tolist()] == [[0], [1]]
     with pytest.raises(RuntimeError, match="DataLoader timed out after 0.5 seconds"):
         next(it)

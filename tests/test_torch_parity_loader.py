@@ -48,19 +48,24 @@ def test_worker_info_is_torchs_frozen_slotted_dataclass_field_for_field():
     assert [f.name for f in dataclasses.fields(worker._RNG)] == [f.name for f in dataclasses.fields(torch_worker._RNG)]
 
 
-def infos(worker_method):
-    class Report(toy.RangeDataset):
-        def __getitem__(self, index):
-            info = minidl.get_worker_info()
-            rng = info.rng
-            if rng is None:
-                return index, info.worker_method, None
-            draws = (rng.random_generator.random(), float(torch.rand((), generator=rng.torch_generator)),
-                     float(rng.numpy_generator.random()))
-            return index, info.worker_method, draws
+class Report(toy.RangeDataset):  # module level: spawn and forkserver workers import it by name
+    def __getitem__(self, index):
+        info = minidl.get_worker_info()
+        rng = info.rng
+        if rng is None:
+            return index, info.worker_method, None
+        draws = (rng.random_generator.random(), float(torch.rand((), generator=rng.torch_generator)),
+                 float(rng.numpy_generator.random()))
+        return index, info.worker_method, draws
 
+
+def _as_is(x):
+    return x
+
+
+def infos(worker_method):
     loader = minidl.DataLoader(Report(4), batch_size=None, num_workers=2, worker_method=worker_method,
-                               generator=torch.Generator().manual_seed(5), collate_fn=lambda x: x)
+                               generator=torch.Generator().manual_seed(5), collate_fn=_as_is)
     return list(loader)
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
-import pickle
-
 import numpy as np
 import pytest
 
@@ -204,38 +201,3 @@ def test_thread_workers_batches_are_not_in_shared_memory():
 def test_process_workers_send_tensors_through_shared_memory():
     batch = next(iter(minidl.DataLoader(minidl.TensorDataset(torch.arange(8)), batch_size=4, num_workers=1)))
     assert batch[0].is_shared()
-
-
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_a_dataset_of_large_arrays_passes_the_pickling_check(method):
-    # Python 3.14's pickler writes large buffers as PickleBuffer objects; the check must take any bytes-like.
-    from minidl._picklable import _NullWriter, check_picklable
-
-    assert _NullWriter().write(pickle.PickleBuffer(bytearray(100_000))) == 100_000
-    assert _NullWriter().write(b"abc") == 3
-    images = np.arange(3 * 64 * 64 * 8, dtype=np.float32).reshape(8, 3, 64, 64)  # 384 KiB, one buffer
-    check_picklable(multiprocessing.get_context(method), {"dataset": images})
-
-
-class _CellDataset(minidl.Dataset):
-    """Stands in for a dataset defined in a notebook cell (module __main__)."""
-
-    def __len__(self):
-        return 4
-
-    def __getitem__(self, i):
-        return i
-
-
-@pytest.mark.parametrize("method", ["spawn", "forkserver"])
-def test_unpicklable_objects_are_named_at_iterator_start(method, monkeypatch):
-    with pytest.raises((pickle.PicklingError, AttributeError, TypeError), match="collate_fn.*importable module"):
-        iter(minidl.DataLoader(toy.RangeDataset(4), num_workers=1, multiprocessing_context=method,
-                               collate_fn=lambda b: b))
-    # A class from an interactive __main__ pickles by name but the child can't import it.
-    import __main__
-
-    monkeypatch.setattr(_CellDataset, "__module__", "__main__")
-    monkeypatch.delattr(__main__, "__file__", raising=False)
-    with pytest.raises(pickle.PicklingError, match="dataset.*_CellDataset.*importable module"):
-        iter(minidl.DataLoader(_CellDataset(), num_workers=1, multiprocessing_context=method))
