@@ -25,6 +25,7 @@ import os
 
 from minidl.bench.harness import Session, Timing, format_seconds, time_it
 from minidl.bench.machine import describe, machine_info, machine_tag
+from minidl.bench.timing import expect
 
 # Suite name -> module that defines run(session). Run in this order when none is named.
 SUITES: dict[str, str] = {
@@ -42,5 +43,5 @@ def is_quick() -> bool:
     return os.environ.get("MINIDL_QUICK", "") not in ("", "0")
 
 
-__all__ = ["SUITES", "Session", "Timing", "describe", "format_seconds", "is_quick", "machine_info",
+__all__ = ["SUITES", "Session", "Timing", "describe", "expect", "format_seconds", "is_quick", "machine_info",
            "machine_tag", "time_it"]

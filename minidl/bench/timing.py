@@ -82,3 +82,20 @@ def median_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, floa
     while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
         k += 1
     return ordered[k - 1], ordered[n - k], coverage(k)
+
+
+def expect(holds: bool, claim: str, measured: Any = None) -> str:
+    """Say whether this run's timings show ``claim``, as a line to print. A notebook prints it, never asserts it:
+    timings move with the machine and whatever else it is running, while the lesson's claim is what an idle
+    2-core machine shows.
+
+    >>> expect(True, "threads overlap the waits", "x3.6")
+    'As expected on this run: threads overlap the waits (measured: x3.6)'
+    >>> expect(False, "threads overlap the waits")[:56]
+    'Not on this run: threads overlap the waits. An idle 2-co'
+    """
+    shown = "" if measured is None else f" (measured: {measured})"
+    if holds:
+        return f"As expected on this run: {claim}{shown}"
+    return (f"Not on this run: {claim}{shown}. An idle 2-core machine shows it; a busy machine, another CPU or "
+            "a short quick-mode run can hide it: re-run this cell when the machine is quiet.")
