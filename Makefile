@@ -1,5 +1,6 @@
 # minidl: `make lab` to learn, `make test` to check. Both set up .venv on first use.
-PYTHON ?= python3.11
+# The newest working python3.11 ... python3.14 on PATH (scripts/find_python.sh), unless PYTHON= says otherwise.
+PYTHON ?= $(shell sh scripts/find_python.sh)
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # The stamp's name carries a hash of the dependency file: edit pyproject.toml and setup reruns;
