@@ -11,7 +11,8 @@ LAB_ARGS ?=
 # JupyterLab refuses to start as root unless told; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test lint unit unit-forkserver unit-spawn nbval bench clean ft test-ft bench-ft
+.PHONY: setup lab test lint unit unit-forkserver unit-spawn nbval nbval-forkserver nbval-spawn browser bench clean \
+	ft test-ft bench-ft
 
 setup: $(STAMP)
 
@@ -26,7 +27,7 @@ lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
 # The torch-free part of the suite runs again under a free-threaded interpreter (make test-ft).
-test: setup lint unit nbval test-ft
+test: setup lint unit unit-forkserver unit-spawn nbval nbval-forkserver nbval-spawn test-ft
 
 lint: setup
 	$(BIN)/ruff check .
@@ -47,6 +48,26 @@ unit-forkserver unit-spawn: unit-%: setup
 # Every notebook, run in a fresh kernel and compared with its committed outputs, in quick mode.
 nbval: setup
 	MINIDL_QUICK=1 $(PYTEST) --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+# Every notebook again with the default start method set to forkserver (Linux from Python 3.14) and to spawn
+# (macOS, Windows), as a learner there gets it. The spawn run also plays another machine (scripts/other_machine.sh:
+# another CPU model, one core), which proves that no compared output depends on the machine.
+NBVAL := MINIDL_QUICK=1 $(PYTEST) -p no:cacheprovider --nbval --nbval-current-env \
+	--nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+
+nbval-forkserver: setup
+	PYTHONPATH=$(CURDIR)/tests/start_method MINIDL_START_METHOD=forkserver $(NBVAL)
+
+nbval-spawn: setup
+	PYTHONPATH=$(CURDIR)/tests/start_method MINIDL_START_METHOD=spawn bash scripts/other_machine.sh $(NBVAL)
+
+# JupyterLab in headless Chromium: every notebook opened, Run All in quick mode, error cells, missing plots and
+# console errors reported (scripts/browser_run.py). Debian's chromium is installed if missing.
+CHROMIUM ?= /usr/bin/chromium
+
+browser: setup
+	test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+	CHROMIUM=$(CHROMIUM) $(BIN)/python scripts/browser_run.py
 
 bench: setup
 	$(BIN)/python -m minidl.bench

@@ -1,0 +1,189 @@
+"""Run every notebook the way a learner does: JupyterLab in headless Chromium, Run All, then look at the result.
+
+    python scripts/browser_run.py [NOTEBOOK ...]        (what `make browser` runs; default: every notebook)
+
+A copy of notebooks/ goes to a temporary folder (the committed notebooks are never saved over), JupyterLab serves
+it on a free 127.0.0.1 port with a token, and for each notebook Chromium (Debian's package, driven by Playwright,
+no browser download) opens it, runs all cells in quick mode (MINIDL_QUICK=1 in the server's environment reaches
+every kernel), saves it and shuts its kernel down. A notebook fails on:
+
+- an error in a cell not tagged ``raises-exception`` (a cell so tagged errs on purpose: an unfilled exercise's
+  ``YourTurn`` line, or a lesson showing torch's own error), or cells left unrun because Run All stopped;
+- a missing plot: a cell whose committed outputs hold an image that shows no image in the browser;
+- an error in the browser's console, or an uncaught exception in the page.
+
+Screenshots go to browser-out/ (ignored by git). The server and its kernels are stopped at the end, whatever
+happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+NOTEBOOK_TIMEOUT = float(os.environ.get("BROWSER_NOTEBOOK_TIMEOUT", "900"))  # seconds for one Run All
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def api(base: str, token: str, path: str, method: str = "GET"):
+    request = urllib.request.Request(f"{base}{path}", method=method, headers={"Authorization": f"token {token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+def start_lab(folder: Path, port: int, token: str, log) -> subprocess.Popen:
+    env = dict(os.environ, MINIDL_QUICK="1", PYTHONPATH=str(ROOT))
+    command = [sys.executable, "-m", "jupyter", "lab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+               f"--IdentityProvider.token={token}", f"--notebook-dir={folder}", "--expose-app-in-browser",
+               "--ServerApp.open_browser=False", "--LabApp.news_url=", "--LabApp.check_for_updates_class="
+               "jupyterlab.NeverCheckForUpdate"]
+    if os.geteuid() == 0:
+        command.append("--allow-root")
+    server = subprocess.Popen(command, cwd=folder, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              start_new_session=True)  # its own process group: stopped whole at the end
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"JupyterLab exited with {server.returncode}; see {log.name}")
+        try:
+            api(base, token, "/api/status")
+            return server
+        except OSError:
+            time.sleep(0.5)
+    raise RuntimeError(f"JupyterLab did not answer on {base} within 120 s; see {log.name}")
+
+
+def stop_lab(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)  # the server shuts its kernels down on SIGTERM
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
+def images_in(cell: dict) -> bool:
+    return any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))
+
+
+def judge(committed: dict, ran: dict) -> list[str]:
+    """What is wrong with the notebook as the browser ran and saved it, cell by cell."""
+    problems = []
+    cells = [(i, c, r) for i, (c, r) in enumerate(zip(committed["cells"], ran["cells"], strict=True))
+             if c["cell_type"] == "code"]
+    for i, cell, result in cells:
+        tags = cell.get("metadata", {}).get("tags", [])
+        for out in result.get("outputs", []):
+            if out.get("output_type") == "error" and "raises-exception" not in tags:
+                problems.append(f"cell {i}: {out['ename']}: {out['evalue'][:300]}")
+        if images_in(cell) and not images_in(result) and result.get("execution_count") is not None:
+            problems.append(f"cell {i}: the committed outputs hold a plot, the browser's run shows none")
+    unrun = [i for i, cell, result in cells if result.get("execution_count") is None and cell["source"]]
+    if unrun:
+        problems.append(f"cells {unrun[:5]}{'...' if len(unrun) > 5 else ''} never ran: Run All stopped early")
+    return problems
+
+
+def run_notebook(context, base: str, token: str, folder: Path, rel: str, shots: Path) -> list[str]:
+    page = context.new_page()
+    console = []
+    page.on("console", lambda m: console.append(f"console {m.type}: {m.text[:300]}") if m.type == "error" else None)
+    page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+    try:
+        page.goto(f"{base}/lab/tree/{rel}?reset&token={token}")
+        page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=120_000)
+        # The kernel is up once JupyterLab reports it idle; Run All before that would queue behind its start.
+        page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget;"
+                               " return w && w.sessionContext && w.sessionContext.session &&"
+                               " w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
+                               timeout=120_000)
+        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+        # Done when no cell waits or runs ("[*]") and the kernel is idle again.
+        page.wait_for_function(
+            "() => { const w = window.jupyterapp.shell.currentWidget;"
+            " const busy = [...document.querySelectorAll('.jp-InputPrompt')].some(p => p.textContent.includes('*'));"
+            " return !busy && w.sessionContext.session.kernel.status === 'idle'; }",
+            timeout=NOTEBOOK_TIMEOUT * 1000, polling=1000)
+        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
+        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=60_000)
+        committed = json.loads((ROOT / "notebooks" / rel).read_text())
+        ran = json.loads((folder / rel).read_text())
+        problems = judge(committed, ran)
+        if any(images_in(c) for c in committed["cells"]) and page.locator(".jp-RenderedImage img").count() == 0:
+            problems.append("no plot is shown in the page")
+        page.screenshot(path=str(shots / (rel.replace("/", "__") + ".png")), full_page=True)
+    except Exception as error:  # noqa: BLE001 -- a time-out or a page that broke: the notebook fails, the run goes on
+        problems = [f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"]
+        page.screenshot(path=str(shots / (rel.replace("/", "__") + ".failed.png")), full_page=True)
+    finally:
+        for session in api(base, token, "/api/sessions"):  # one kernel at a time: shut this one down
+            api(base, token, f"/api/sessions/{session['id']}", method="DELETE")
+        page.close()
+    return problems + console
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("notebooks", nargs="*", help="paths under notebooks/ (default: all)")
+    args = parser.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    rels = args.notebooks or sorted(str(p.relative_to(ROOT / "notebooks"))
+                                    for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in str(p))
+    rels = [r.removeprefix("notebooks/") for r in rels]
+    if not Path(CHROMIUM).exists():
+        print(f"browser_run: no Chromium at {CHROMIUM} (Debian: apt-get install chromium)", file=sys.stderr)
+        return 2
+    shots = ROOT / "browser-out"
+    shots.mkdir(exist_ok=True)
+    failures = {}
+    with tempfile.TemporaryDirectory(prefix="minidl-browser-") as tmp:
+        folder = Path(tmp) / "notebooks"
+        shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        port, token = free_port(), secrets.token_hex(16)
+        with open(shots / "jupyterlab.log", "w") as log:
+            server = start_lab(folder, port, token, log)
+            try:
+                with sync_playwright() as pw:
+                    browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                                 args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+                    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+                    for rel in rels:
+                        start = time.monotonic()
+                        problems = run_notebook(context, f"http://127.0.0.1:{port}", token, folder, rel, shots)
+                        verdict = "ok" if not problems else f"FAILED ({len(problems)})"
+                        print(f"{rel:60s} {verdict:12s} {time.monotonic() - start:6.1f} s", flush=True)
+                        for problem in problems:
+                            print(f"    {problem}", flush=True)
+                        if problems:
+                            failures[rel] = problems
+                    browser.close()
+            finally:
+                stop_lab(server)
+    print(f"{len(rels) - len(failures)} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

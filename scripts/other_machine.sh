@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs a command as if on another machine: /proc/cpuinfo names another CPU model, and the command may use one
+# core only (its affinity mask, which is what minidl, torch and os.process_cpu_count() count). It proves that no
+# compared notebook output depends on the machine: `make nbval-other-machine` runs nbval through it.
+#
+#   bash scripts/other_machine.sh COMMAND [ARGS...]
+#
+# How: a private mount namespace (unshare -m), where a copy of /proc/cpuinfo with another model name is
+# bind-mounted over the real one; nothing outside the namespace sees it. Needs root (or CAP_SYS_ADMIN).
+set -euo pipefail
+[[ $# -gt 0 ]] || { echo "usage: $0 COMMAND [ARGS...]" >&2; exit 2; }
+FAKE_MODEL=${FAKE_MODEL:-"Other Vendor CPU 9000 @ 1.00GHz"}
+if [[ -z "${MINIDL_OTHER_MACHINE:-}" ]]; then
+    if ! unshare -m --propagation private true 2>/dev/null; then
+        echo "other_machine.sh: can't make a private mount namespace here (needs root): nothing was run" >&2
+        exit 1
+    fi
+    exec env MINIDL_OTHER_MACHINE=1 unshare -m --propagation private "$0" "$@"
+fi
+# Inside the namespace.
+fake=$(mktemp)
+trap 'umount /proc/cpuinfo 2>/dev/null; rm -f "$fake"' EXIT
+sed "s/^model name.*/model name\t: $FAKE_MODEL/" /proc/cpuinfo >"$fake"
+mount --bind "$fake" /proc/cpuinfo
+echo "other_machine.sh: CPU '$FAKE_MODEL', 1 core (taskset -c 0)" >&2
+taskset -c 0 "$@"
