@@ -1,0 +1,95 @@
+"""Run every chapter and exercise notebook in full mode while other processes keep every core busy.
+
+    python scripts/under_load.py [NOTEBOOK ...]         (default: every notebook under notebooks/)
+
+This is a learner's busy laptop: no notebook may fail because timings moved. Each notebook runs top to bottom
+in a fresh kernel (nbclient), on a temporary copy (the committed notebooks are never written), while one
+busy-loop process per core spins at normal priority. Reported: every cell that raised, except one tagged
+``raises-exception`` (an unfilled exercise's ``YourTurn`` line, or a lesson showing an error on purpose).
+Exit status 1 if any did. The busy processes are stopped at the end, whatever happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spin(stop) -> None:
+    while not stop.is_set():
+        sum(range(10_000))
+
+
+def run(path: Path, timeout: int) -> list[str]:
+    import nbformat
+    from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError
+
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": path.parent}},
+                            allow_errors=True)
+    try:
+        client.execute()
+    except CellExecutionError as error:  # allow_errors keeps going; this is a time-out or a dead kernel
+        return [f"run stopped: {str(error).splitlines()[0][:300]}"]
+    except Exception as error:  # noqa: BLE001 -- a time-out or a dead kernel fails this notebook, not the run
+        return [f"run stopped: {type(error).__name__}: {str(error)[:300]}"]
+    problems = []
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type != "code" or "raises-exception" in cell.metadata.get("tags", []):
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                problems.append(f"cell {i}: {out['ename']}: {out['evalue'][:300]}")
+    return problems
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("notebooks", nargs="*", help="paths under notebooks/ (default: all)")
+    parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    args = parser.parse_args()
+    rels = args.notebooks or sorted(str(p.relative_to(ROOT / "notebooks"))
+                                    for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in str(p))
+    rels = [r.removeprefix("notebooks/") for r in rels]
+    os.environ.pop("MINIDL_QUICK", None)  # full mode: the sizes a learner runs
+    os.environ["PYTHONPATH"] = str(ROOT)
+    stop = multiprocessing.get_context("spawn").Event()
+    spinners = [multiprocessing.get_context("spawn").Process(target=spin, args=(stop,), daemon=True)
+                for _ in range(os.cpu_count() or 1)]
+    for p in spinners:
+        p.start()
+    failures = {}
+    try:
+        with tempfile.TemporaryDirectory(prefix="minidl-load-") as tmp:
+            folder = Path(tmp) / "notebooks"
+            shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+            print(f"{len(spinners)} busy-loop processes keep the cores busy", flush=True)
+            for rel in rels:
+                start = time.monotonic()
+                problems = run(folder / rel, args.timeout)
+                print(f"{rel:60s} {'ok' if not problems else 'FAILED':8s} {time.monotonic() - start:7.1f} s", flush=True)
+                for problem in problems:
+                    print(f"    {problem}", flush=True)
+                if problems:
+                    failures[rel] = problems
+    finally:
+        stop.set()
+        for p in spinners:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    print(f"{len(rels) - len(failures)} passed, {len(failures)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
