@@ -35,6 +35,7 @@ from minidl.state import (
     _StateRequest,
     capture_generators,
     capture_worker_state,
+    generator_kinds,
     generators_of,
     replaying,
     restore_worker_state,
@@ -940,4 +941,5 @@ def _loader_state(loader: DataLoader, it: _BaseDataLoaderIter | None, tasks_done
                        dataset_len=_len_or_none(loader.dataset), batch_size=loader.batch_size,
                        sampler=type(loader.sampler).__name__, tasks_done=tasks_done,
                        num_yielded=0 if between else it._num_yielded, generators=generators,
-                       base_seed=base_seed, draws_base_seed=draws, **extra)
+                       generator_kinds=generator_kinds(generators_of(loader)), base_seed=base_seed,
+                       draws_base_seed=draws, **extra)

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from minidl import _random
+from minidl.fetch import _DatasetKind
 
 STATE_VERSION = 2
 
@@ -45,6 +46,7 @@ class LoaderState:
     workers: list | None = None  # each worker's state just before its next batch (capture_worker_state)
     workers_ended: list | None = None  # True for a worker whose IterableDataset replica ran out
     main: dict | None = None  # num_workers=0: the main process's streams and dataset
+    generator_kinds: list | None = None  # generator_kinds(): which generators `generators` holds the states of
     version: int = STATE_VERSION
 
     def to_dict(self) -> dict:
@@ -83,7 +85,21 @@ class LoaderState:
                     f"{key}={have!r}: a state resumes only the loader it came from, so resume with "
                     f"{key}={getattr(new, key)!r}"
                 )
-        length = _len_or_none(loader._index_sampler) if loader._dataset_kind == 0 else None
+        kinds = generator_kinds(generators_of(loader))
+        if new.generator_kinds is not None and new.generator_kinds != kinds:
+            raise ValueError(
+                f"this state_dict was saved by a loader drawing from {_describe_kinds(new.generator_kinds)}, but this "
+                f"DataLoader draws from {_describe_kinds(kinds)}: its batches would follow another permutation. Resume "
+                "with the same generator= (and sampler generators) as the loader that saved it"
+            )
+        iterable = loader._dataset_kind == _DatasetKind.Iterable
+        if iterable and new.tasks_done > 0 and not hasattr(loader.dataset, "load_state_dict"):
+            raise ValueError(
+                f"can't resume {type(loader.dataset).__name__} mid-epoch: an IterableDataset resumes only if it "
+                "has state_dict() and load_state_dict() (without them the epoch would start again from its first "
+                "item and repeat what was already consumed)"
+            )
+        length = None if iterable else _len_or_none(loader._index_sampler)
         if not 0 <= new.num_yielded <= new.tasks_done or (length is not None and new.tasks_done > length):
             raise ValueError(f"state_dict counters out of range: tasks_done={new.tasks_done}, num_yielded="
                              f"{new.num_yielded}, for an epoch of {length} batches")
@@ -224,6 +240,16 @@ def _set(g, state) -> None:
         import torch
 
         g.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+
+
+def generator_kinds(generators: list) -> list[str]:
+    """What each generator of ``generators_of`` is: "global" (None), "numpy" or "torch"."""
+    return ["global" if g is None else "numpy" if isinstance(g, np.random.Generator) else "torch" for g in generators]
+
+
+def _describe_kinds(kinds: list[str]) -> str:
+    names = {"global": "the global random state", "numpy": "a numpy.random.Generator", "torch": "a torch.Generator"}
+    return " and ".join(names[k] for k in kinds) or "no generator"
 
 
 def capture_generators(generators: list) -> list:

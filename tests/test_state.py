@@ -282,3 +282,43 @@ def test_iterable_dataset_resumed_at_the_end_of_an_epoch_then_gives_full_epochs(
     assert rest == (list(range(9)) if past_the_end else [])  # saved after StopIteration: the next epoch
     for _ in range(2):
         assert sorted(x for b in resumed for x, _ in b) == list(range(9))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_an_iterable_dataset_without_state_is_refused_mid_epoch_not_replayed(num_workers):
+    # Without state_dict()/load_state_dict() the resumed epoch would start again from the stream's first item.
+    def make():
+        return minidl.DataLoader(toy.ShardedRange(0, 12), batch_size=2, num_workers=num_workers,
+                                 stateful=num_workers > 0)
+
+    loader = make()
+    it = iter(loader)
+    next(it), next(it)
+    state = loader.state_dict()
+    del it
+    with pytest.raises(ValueError, match="can't resume ShardedRange mid-epoch: .*state_dict\\(\\) and load_state_dict"):
+        make().load_state_dict(state)
+    fresh = make()
+    fresh.load_state_dict(make().state_dict())  # between epochs there is nothing to replay: accepted
+    assert sorted(int(x) for b in fresh for x in b) == list(range(12))
+
+
+@pytest.mark.parametrize(("saved", "loaded", "words"), [
+    ("torch", None, "a torch.Generator, but this DataLoader draws from the global random state"),
+    (None, "torch", "the global random state, but this DataLoader draws from a torch.Generator"),
+    ("torch", "numpy", "a torch.Generator, but this DataLoader draws from a numpy.random.Generator"),
+])
+def test_load_state_dict_refuses_another_generator_setup(saved, loaded, words):
+    def generator(kind):
+        return {None: None, "torch": torch.Generator().manual_seed(1), "numpy": np.random.default_rng(1)}[kind]
+
+    def make(kind):
+        return minidl.DataLoader(toy.RangeDataset(10), batch_size=2, shuffle=True, generator=generator(kind))
+
+    loader = make(saved)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match=words):
+        make(loaded).load_state_dict(state)
+    make(saved).load_state_dict(state)  # the same setup resumes
