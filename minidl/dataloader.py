@@ -665,6 +665,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._task_info = {}  # task idx -> (worker_id,) in flight, or (worker_id, data) arrived early
         self._tasks_outstanding = 0  # tasks sent whose answer has not been received yet
         self._workers_status = [True] * self._num_workers  # False once a worker is told to stop
+        self._ended_at = {}  # worker id -> (task idx of its StopIteration, its snapshots) this epoch
         self._workers_num_tasks = [0] * self._num_workers  # tasks in flight per worker
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         if first_iter and self._resumed is not None:
@@ -720,6 +721,11 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         """Where this epoch stands: the workers' states before the first batch not handed out yet."""
         k = self._rcvd_idx
         states = self._ask_workers_for_state(k)
+        for worker_id, (end_idx, snapshots) in self._ended_at.items():
+            # Its end has arrived but the consumer hasn't reached it: batches it sent before are still to come,
+            # so it resumes from its state before the first of them. Only an end before the cut ends it.
+            if end_idx >= k and snapshots is not None:
+                states[worker_id] = snapshots.answer(_StateRequest(k), current={"ended": True})
         return _loader_state(
             loader, self, tasks_done=k, workers=[states.get(i) for i in range(self._num_workers)],
             workers_ended=[i not in states or states[i]["ended"] for i in range(self._num_workers)],
@@ -783,6 +789,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             return idx, data
         self._tasks_outstanding -= 1
         if isinstance(data, _IterableDatasetStopIteration):
+            self._ended_at[data.worker_id] = (idx, data.snapshots)  # for state_dict(): see _state_dict
             # This replica is exhausted: stop sending it work (but keep persistent ones).
             if self._persistent_workers:
                 self._workers_status[data.worker_id] = False

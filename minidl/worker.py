@@ -57,9 +57,14 @@ def get_worker_info() -> WorkerInfo | None:
 
 @dataclass(frozen=True)
 class _IterableDatasetStopIteration:
-    """Sent by a worker whose IterableDataset replica is exhausted."""
+    """Sent by a worker whose IterableDataset replica is exhausted.
+
+    With ``stateful=True`` it carries the worker's recent snapshots: the worker gets no more requests, yet
+    ``state_dict()`` may still need its state before a batch it sent that the consumer has not taken.
+    """
 
     worker_id: int
+    snapshots: WorkerSnapshots | None = None
 
 
 @dataclass(frozen=True)
@@ -294,7 +299,7 @@ def _worker_loop(
                     if dataset_kind != _DatasetKind.Iterable:
                         data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
                     else:
-                        data = _IterableDatasetStopIteration(worker_id)
+                        data = _IterableDatasetStopIteration(worker_id, history)
                         iteration_end = True
                 except Exception:
                     data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")

@@ -322,3 +322,27 @@ def test_load_state_dict_refuses_another_generator_setup(saved, loaded, words):
     with pytest.raises(ValueError, match=words):
         make(loaded).load_state_dict(state)
     make(saved).load_state_dict(state)  # the same setup resumes
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("cut", range(10))
+def test_iterable_resume_keeps_the_batches_of_a_worker_whose_end_already_arrived(cut, persistent):
+    # Worker 0's shard has 5 batches, worker 1's 4: near the end of the epoch both StopIterations are in
+    # before the consumer has taken those workers' last batches. The first state_dict() drains them; a
+    # second must still count those batches as to come.
+    def make():
+        return minidl.DataLoader(toy.ResumableStream(17), batch_size=2, num_workers=2, stateful=True,
+                                 persistent_workers=persistent)
+
+    seed_everything(0)
+    full = as_text(make())
+    seed_everything(0)
+    loader = make()
+    it = iter(loader)
+    first = [repr(next(it)) for _ in range(cut)]
+    loader.state_dict()
+    state = pickle.loads(pickle.dumps(loader.state_dict()))
+    del it
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert first + as_text(resumed) == full
