@@ -98,3 +98,14 @@ def leaf_table_kib(resident_kib: int) -> int:
     pages = -(-resident_kib * 1024 // PAGE)
     tables = -(-pages // PTES_PER_TABLE)
     return tables * PAGE // 1024
+
+
+def use_file_system_strategy(worker_id: int) -> None:
+    """A ``worker_init_fn`` that switches the worker to torch's ``file_system`` sharing strategy.
+
+    The strategy is a per-process setting: a forked worker inherits the parent's, but a worker started with
+    ``spawn`` or ``forkserver`` starts with the default (``file_descriptor``), so it has to be set there too.
+    """
+    import torch.multiprocessing
+
+    torch.multiprocessing.set_sharing_strategy("file_system")

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import signal
 import statistics
@@ -216,7 +217,12 @@ class LockedDataset(Dataset):
 
 
 def _run_locked_loader(loader_kwargs: dict[str, Any]) -> None:
-    """What the separate process runs: the busy thread, then an epoch of LockedDataset with 2 workers."""
+    """What the separate process runs: the busy thread, then an epoch of LockedDataset with 2 workers.
+
+    The program being debugged starts its workers with ``fork``, Linux's default up to Python 3.13, whatever
+    this machine's default is: the pitfall is fork's, so only ``loader_kwargs`` may choose another start method.
+    """
+    multiprocessing.set_start_method("fork", force=True)
     hold_lock_forever()
     time.sleep(0.1)
     warnings.simplefilter("ignore")
