@@ -51,3 +51,23 @@ def test_environment_yml_python_matches_requires_python():
     version = re.search(r"-\s*python=(\d+\.\d+)", text).group(1)
     requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
     assert requires == f">={version}"
+
+
+def test_make_picks_the_newest_python_that_runs(tmp_path):
+    # pyenv-style shims: python3.14 is on PATH but fails when run; python3.13 is too new for nothing; 3.12 works.
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    for name, works in (("python3.14", False), ("python3.12", True), ("python3.11", True), ("python3.15", True)):
+        shim = tmp_path / name
+        shim.write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n" if works else "#!/bin/sh\nexit 127\n")
+        shim.chmod(0o755)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "find_python.sh"
+    env = {"PATH": str(tmp_path)}  # nothing else: the script needs only shell builtins
+    found = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True, check=True).stdout.strip()
+    assert found == "python3.12"  # 3.15 is past what the pins support, 3.14 doesn't run
+    (tmp_path / "python3.12").unlink()
+    (tmp_path / "python3.11").unlink()
+    none = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True)
+    assert none.returncode == 1 and "Python 3.11 to 3.14" in none.stderr
