@@ -52,7 +52,7 @@ unit-forkserver unit-spawn: unit-%: setup
 # to forkserver (Linux from Python 3.14) and to spawn (macOS, Windows), as a learner there gets it.
 # DataLoader's warning about more workers than cores is the one stderr line that depends on the core count: the
 # kernels run without it here (a learner still sees it).
-NBVAL := MINIDL_QUICK=1 PYTHONWARNINGS="ignore:This DataLoader will create:UserWarning" $(PYTEST) -p no:cacheprovider \
+NBVAL := env MINIDL_QUICK=1 PYTHONWARNINGS="ignore:This DataLoader will create:UserWarning" $(PYTEST) -p no:cacheprovider \
 	--nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
 
 nbval: setup
