@@ -157,6 +157,16 @@ def _seed_worker(base_seed: int, worker_id: int, worker_method: str) -> tuple[in
     return seed, None
 
 
+def _forget_thread_worker_info() -> None:
+    """In a child forked from a thread worker (a dataset that starts a loader of its own): the forking thread's
+    info came along with the fork, but this process is no thread worker, so it must not answer there."""
+    _thread_local.info = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_thread_worker_info)
+
+
 def _thread_aware_get_worker_info():
     """torch's ``get_worker_info`` body once a thread worker ran: the calling thread's info first."""
     info = getattr(_minidl_thread_local, "info", None)

@@ -201,3 +201,29 @@ def test_thread_workers_batches_are_not_in_shared_memory():
 def test_process_workers_send_tensors_through_shared_memory():
     batch = next(iter(minidl.DataLoader(minidl.TensorDataset(torch.arange(8)), batch_size=4, num_workers=1)))
     assert batch[0].is_shared()
+
+
+class LoadsItsOwnItems(minidl.Dataset):
+    """A dataset whose every item runs a loader of its own, with 2 process workers, over a sharded stream."""
+
+    def __init__(self, n, inner):
+        self.n, self.inner = n, inner
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        if self.inner == "minidl":
+            loader = minidl.DataLoader(toy.ShardedRange(0, 6), batch_size=None, num_workers=2,
+                                       multiprocessing_context="fork")
+        else:
+            loader = tud.DataLoader(TorchShardedRange(0, 6), batch_size=None, num_workers=2,
+                                    multiprocessing_context="fork")
+        return sorted(int(x) for x in loader)
+
+
+@pytest.mark.parametrize("inner", ["minidl", "torch"])
+def test_a_loader_forked_from_a_thread_worker_gives_its_workers_their_own_info(inner):
+    # fork on purpose: the thread's worker info is copied into the child with the forking thread.
+    outer = minidl.DataLoader(LoadsItsOwnItems(2, inner), batch_size=None, num_workers=2, worker_method="thread")
+    assert list(outer) == [list(range(6))] * 2  # each item once: the inner workers shard by their own ids
