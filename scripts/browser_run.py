@@ -116,7 +116,8 @@ def run_notebook(context, base: str, token: str, folder: Path, rel: str, shots: 
         # The kernel is up once JupyterLab reports it idle; Run All before that would queue behind its start.
         page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget;"
                                " return w && w.sessionContext && w.sessionContext.session &&"
-                               " w.sessionContext.session.kernel && w.sessionContext.session.kernel.status === 'idle'; }",
+                               " w.sessionContext.session.kernel &&"
+                               " w.sessionContext.session.kernel.status === 'idle'; }",
                                timeout=120_000)
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
         # Done when no cell waits or runs ("[*]") and the kernel is idle again.
@@ -149,8 +150,9 @@ def main() -> int:
     args = parser.parse_args()
     from playwright.sync_api import sync_playwright
 
-    rels = args.notebooks or sorted(str(p.relative_to(ROOT / "notebooks"))
-                                    for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in str(p))
+    every = (ROOT / "notebooks").rglob("*.ipynb")
+    rels = args.notebooks or sorted(str(p.relative_to(ROOT / "notebooks")) for p in every
+                                    if ".ipynb_checkpoints" not in str(p))
     rels = [r.removeprefix("notebooks/") for r in rels]
     if not Path(CHROMIUM).exists():
         print(f"browser_run: no Chromium at {CHROMIUM} (Debian: apt-get install chromium)", file=sys.stderr)

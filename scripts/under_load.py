@@ -57,8 +57,9 @@ def main() -> int:
     parser.add_argument("notebooks", nargs="*", help="paths under notebooks/ (default: all)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     args = parser.parse_args()
-    rels = args.notebooks or sorted(str(p.relative_to(ROOT / "notebooks"))
-                                    for p in (ROOT / "notebooks").rglob("*.ipynb") if ".ipynb_checkpoints" not in str(p))
+    every = (ROOT / "notebooks").rglob("*.ipynb")
+    rels = args.notebooks or sorted(str(p.relative_to(ROOT / "notebooks")) for p in every
+                                    if ".ipynb_checkpoints" not in str(p))
     rels = [r.removeprefix("notebooks/") for r in rels]
     os.environ.pop("MINIDL_QUICK", None)  # full mode: the sizes a learner runs
     os.environ["PYTHONPATH"] = str(ROOT)
@@ -76,7 +77,8 @@ def main() -> int:
             for rel in rels:
                 start = time.monotonic()
                 problems = run(folder / rel, args.timeout)
-                print(f"{rel:60s} {'ok' if not problems else 'FAILED':8s} {time.monotonic() - start:7.1f} s", flush=True)
+                verdict = "ok" if not problems else "FAILED"
+                print(f"{rel:60s} {verdict:8s} {time.monotonic() - start:7.1f} s", flush=True)
                 for problem in problems:
                     print(f"    {problem}", flush=True)
                 if problems:
