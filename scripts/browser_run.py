@@ -163,6 +163,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="minidl-browser-") as tmp:
         folder = Path(tmp) / "notebooks"
         shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        for name in ("pyproject.toml", "results"):  # notebooks find the committed results from the project's root
+            (folder.parent / name).symlink_to(ROOT / name)
         port, token = free_port(), secrets.token_hex(16)
         with open(shots / "jupyterlab.log", "w") as log:
             server = start_lab(folder, port, token, log)
