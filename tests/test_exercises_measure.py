@@ -504,3 +504,16 @@ def test_checker_modules_import_no_solution_and_no_torch():
               "print(sorted(k for k in sys.modules if k.startswith('minidl.course.solutions') or k == 'torch'))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_figure_within_the_spread_of_the_checkers_own_rounds_is_accepted(capsys):
+    # A busy machine: the checker's rounds went from 0.95x to 1.4x; the learner's 1.3x, from other rounds, fits.
+    busy = ch01.Measured([0.95, 1.05, 1.4], 0.8, 10_000)
+    ch01.judge(collatz_steps, 1.3, busy)
+    quiet = ch01.Measured([0.95, 0.96, 0.97], 0.8, 10_000)  # on a quiet one the same figure is too far off
+    rejects(ch01.judge, collatz_steps, 1.3, quiet, hint="interleaved rounds")
+
+
+def test_ch11_speedup_is_the_median_of_per_round_ratios():
+    measured = ch11.Measured([1.0, 4.0, 2.0], [1.0, 1.0, 2.0], 30.0)
+    assert measured.speedups == [1.0, 4.0, 1.0] and measured.speedup == 1.0  # the ratio of medians would say 2.0

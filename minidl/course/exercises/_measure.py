@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
@@ -62,3 +62,17 @@ def close(reported: float, measured: float, factor: float) -> bool:
     (True, False)
     """
     return reported > 0 and measured > 0 and max(reported / measured, measured / reported) <= factor
+
+
+def agrees(reported: float, per_round: Sequence[float], factor: float) -> bool:
+    """True when ``reported`` lies within a factor ``factor`` of the range the checker's own rounds spanned.
+
+    On a quiet machine the rounds agree and this is ``close(reported, median, factor)``; on a busy one they
+    spread, and so does what an honest measurement can give: a learner's figure is judged against the range
+    the checker itself saw, not against one number a busy machine happened to give it.
+
+    >>> agrees(1.3, [0.95, 0.97, 0.96], 1.3), agrees(1.3, [0.95, 1.05, 1.4], 1.3)
+    (False, True)
+    """
+    rounds = [r for r in per_round if r > 0]
+    return bool(rounds) and reported > 0 and min(rounds) / factor <= reported <= max(rounds) * factor

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minidl.course.exercises._common import _Checks
-from minidl.course.exercises._measure import as_number, close, interleaved
+from minidl.course.exercises._measure import agrees, as_number, close, interleaved
 
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
 ROUNDS = 5
@@ -180,7 +180,7 @@ def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None 
                     "report one thread's time divided by two threads' time, a float such as 1.7.")
     if number <= 0:
         checks.fail(case, "a speedup is a positive number", "one thread's time / two threads' time.")
-    if not close(number, measured.speedup, SPEEDUP_FACTOR):
+    if not agrees(number, measured.speedups, SPEEDUP_FACTOR):
         hint = ("time the same total work both ways (one thread doing both halves; two threads, one half each), "
                 "in several interleaved rounds, and report the median of one thread's time / two threads' time.")
         if close(1 / number, measured.speedup, SPEEDUP_FACTOR) and number < 1:

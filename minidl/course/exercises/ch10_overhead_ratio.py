@@ -17,7 +17,7 @@ from typing import Any
 
 from minidl.course import toy
 from minidl.course.exercises._common import _Checks, _torch
-from minidl.course.exercises._measure import as_number, close
+from minidl.course.exercises._measure import agrees, as_number, close
 from minidl.dataloader import DataLoader
 
 BATCHES = 3000
@@ -72,8 +72,12 @@ class Measured:
     torch: list[float]
 
     @property
+    def ratios(self) -> list[float]:
+        return [m / t for m, t in zip(self.minidl, self.torch, strict=True)]
+
+    @property
     def ratio(self) -> float:
-        return statistics.median(m / t for m, t in zip(self.minidl, self.torch))
+        return statistics.median(self.ratios)
 
 
 def measure(rounds: int = ROUNDS) -> Measured:
@@ -144,7 +148,7 @@ def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None
     if number is None or number <= 0:
         checks.fail(case, f"ratio should be a positive number, but it is {ratio!r}",
                     "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.")
-    if not close(number, measured.ratio, RATIO_FACTOR):
+    if not agrees(number, measured.ratios, RATIO_FACTOR):
         hint = ("time both loaders in interleaved rounds (minidl then torch, then torch then minidl, ...), divide "
                 "within each round, and report the median of those ratios.")
         if close(1 / number, measured.ratio, RATIO_FACTOR):
