@@ -120,12 +120,24 @@ def run_notebook(context, base: str, token: str, folder: Path, rel: str, shots: 
                                " w.sessionContext.session.kernel.status === 'idle'; }",
                                timeout=120_000)
         page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        # Done when no cell waits or runs ("[*]") and the kernel is idle again.
-        page.wait_for_function(
-            "() => { const w = window.jupyterapp.shell.currentWidget;"
-            " const busy = [...document.querySelectorAll('.jp-InputPrompt')].some(p => p.textContent.includes('*'));"
-            " return !busy && w.sessionContext.session.kernel.status === 'idle'; }",
-            timeout=NOTEBOOK_TIMEOUT * 1000, polling=1000)
+        # Done when no cell waits or runs ("[*]"), the kernel is idle, and that has held for 3 s: between two
+        # cells the kernel can be idle for a moment while the next one is still to be sent.
+        state = ("() => { const w = window.jupyterapp.shell.currentWidget;"
+                 " const prompts = [...document.querySelectorAll('.jp-InputPrompt')].map(p => p.textContent);"
+                 " return [prompts.some(t => t.includes('*')), w.sessionContext.session.kernel.status,"
+                 " prompts.join('|')]; }")
+        deadline, quiet_since, last = time.monotonic() + NOTEBOOK_TIMEOUT, None, None
+        while True:
+            busy, status, prompts = page.evaluate(state)
+            now = time.monotonic()
+            settled = not busy and status == "idle" and prompts == last
+            quiet_since = (quiet_since or now) if settled else None
+            if quiet_since is not None and now - quiet_since >= 3:
+                break
+            if now > deadline:
+                raise TimeoutError(f"Run All still running after {NOTEBOOK_TIMEOUT:.0f} s")
+            last = prompts
+            time.sleep(1)
         page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
         page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=60_000)
         committed = json.loads((ROOT / "notebooks" / rel).read_text())
