@@ -168,31 +168,58 @@ if hasattr(os, "register_at_fork"):
 
 
 def _thread_aware_get_worker_info():
-    """torch's ``get_worker_info`` body once a thread worker ran: the calling thread's info first."""
+    """torch's ``get_worker_info`` body while thread workers run: the calling thread's info first."""
     info = getattr(_minidl_thread_local, "info", None)
     return info if info is not None else _worker_info
 
 
 _minidl_thread_local = _thread_local  # the name _thread_aware_get_worker_info looks up
 
+# NOTE [ torch's get_worker_info in thread workers ]
+# A dataset written for torch shards itself with torch's get_worker_info(), which reads one module global: right
+# for process workers (minidl sets it, as torch's worker does), wrong for threads, which share it. So while thread
+# workers run, torch's function gets the thread-aware body above (its code object is swapped, so that even a
+# `from torch.utils.data import get_worker_info` made earlier sees it). The first thread worker to start installs
+# it, the last to leave its loop puts torch's own body back: torch is as it was whenever no thread worker runs.
+_torch_swap_lock = threading.Lock()
+_torch_swap_users = 0  # thread workers running with torch's function swapped
+_torch_own_code = None  # torch's own get_worker_info.__code__, while swapped
 
-def _tell_torch(info: WorkerInfo) -> None:
+
+def _tell_torch(info: WorkerInfo) -> bool:
     """Let a dataset written for torch (calling torch's get_worker_info) shard itself here too.
 
-    A process worker sets torch's module global, as torch's own worker does. Thread workers can't
-    (they share it), so torch's function is given the thread-aware body above: its code object is
-    swapped, so even a ``from torch.utils.data import get_worker_info`` made earlier sees it.
+    A process worker sets torch's module global, as torch's own worker does. A thread worker installs the
+    thread-aware body (see NOTE above) and returns True: it must call ``_untell_torch`` when it leaves.
     """
+    global _torch_swap_users, _torch_own_code
     torch_worker = sys.modules.get("torch.utils.data._utils.worker")
     if torch_worker is None:
-        return
+        return False
     if info.worker_method != "thread":
         torch_worker._worker_info = torch_worker.WorkerInfo(
             id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
         )
-    elif torch_worker.get_worker_info.__code__ is not _thread_aware_get_worker_info.__code__:
-        torch_worker._minidl_thread_local = _thread_local
-        torch_worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
+        return False
+    with _torch_swap_lock:
+        _torch_swap_users += 1
+        if _torch_swap_users == 1:
+            _torch_own_code = torch_worker.get_worker_info.__code__
+            torch_worker._minidl_thread_local = _thread_local
+            torch_worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
+    return True
+
+
+def _untell_torch() -> None:
+    """A thread worker leaves: the last one puts torch's own get_worker_info back."""
+    global _torch_swap_users, _torch_own_code
+    torch_worker = sys.modules["torch.utils.data._utils.worker"]
+    with _torch_swap_lock:
+        _torch_swap_users -= 1
+        if _torch_swap_users == 0:
+            torch_worker.get_worker_info.__code__ = _torch_own_code
+            del torch_worker._minidl_thread_local
+            _torch_own_code = None
 
 
 @dataclass(frozen=True)
@@ -232,6 +259,7 @@ def _worker_loop(
     global _worker_info
     options = options or _WorkerOptions()
     in_thread = options.worker_method == "thread"
+    told_torch = False  # whether this worker swapped torch's get_worker_info (see NOTE above _tell_torch)
     try:
         seed, rng = _seed_worker(base_seed, worker_id, options.worker_method)
         info = WorkerInfo(worker_id, num_workers, seed, dataset, rng, options.worker_method)
@@ -239,7 +267,7 @@ def _worker_loop(
             _thread_local.info = info
         else:
             _worker_info = info
-        _tell_torch(info)
+        told_torch = _tell_torch(info)
 
         recorder = None
         if options.trace:  # minidl's tracing layer: queues that note each task and ship its events
@@ -320,6 +348,8 @@ def _worker_loop(
     finally:
         if in_thread:
             _thread_local.info = None
+        if told_torch:
+            _untell_torch()
     if done_event.is_set() and not in_thread:
         # Don't wait at exit for the feeder thread to flush results nobody will read.
         data_queue.cancel_join_thread()
