@@ -191,6 +191,7 @@ def shm_in_flight(num_workers: int = 2, prefetch_factor: int = 2, batch_size: in
     """
     from minidl import DataLoader
 
+    before = shared_fds([os.getpid()])  # segments this process already held (earlier work in the same process)
     loader = DataLoader(TensorPairDataset(batch_size * (num_workers * prefetch_factor + 4), shape),
                         batch_size=batch_size, num_workers=num_workers, prefetch_factor=prefetch_factor,
                         multiprocessing_context="fork")
@@ -198,6 +199,7 @@ def shm_in_flight(num_workers: int = 2, prefetch_factor: int = 2, batch_size: in
     first = next(it)
     time.sleep(settle)  # the workers fill the slots the main process has not yet asked for
     segments = shared_fds([os.getpid()] + [w.pid for w in it._workers])
+    segments = {key: size for key, size in segments.items() if key not in before}
     batch_bytes = sum(t.numel() * t.element_size() for t in first)
     del it, first
     return {"batch_bytes": batch_bytes, "segments": len(segments), "shared_bytes": sum(segments.values())}
