@@ -71,3 +71,23 @@ def test_make_picks_the_newest_python_that_runs(tmp_path):
     (tmp_path / "python3.11").unlink()
     none = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True)
     assert none.returncode == 1 and "Python 3.11 to 3.14" in none.stderr
+
+
+def test_the_nbval_sanitize_file_makes_two_machines_print_the_same_line():
+    from nbval.plugin import get_sanitize_patterns
+
+    from minidl.bench.machine import describe
+
+    patterns = get_sanitize_patterns((ROOT / "tests" / "nbval_sanitize.cfg").read_text())
+
+    def sanitized(text: str) -> str:
+        for regex, replace in patterns:
+            text = re.sub(regex, replace, text)
+        return text
+
+    base = {"python": "3.11.7", "python_build": "gil", "torch": "2.13.0", "numpy": "2.4.6", "numba": "0.68.1"}
+    intel = describe({**base, "cores": 2, "cpu_model": "Intel(R) Xeon(R) CPU E5-2690 v4 @ 2.60GHz"})
+    amd = describe({**base, "cores": 64, "cpu_model": "AMD EPYC 7763 64-Core Processor"})
+    assert intel != amd
+    assert sanitized(intel) == sanitized(amd)
+    assert sanitized(intel).endswith("Python 3.11.7 (GIL) · torch 2.13.0 · NumPy 2.4.6 · Numba 0.68.1")
