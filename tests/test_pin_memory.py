@@ -278,16 +278,34 @@ def test_loop_turns_a_pinning_error_into_an_exception_wrapper(loop_errors):
     assert not loop_errors
 
 
+class WaitLog(queue.Queue):
+    """A queue that notes the timeout of every ``get``: how long a waiting loop can go without looking up."""
+
+    def __init__(self):
+        super().__init__()
+        self.timeouts = []
+
+    def get(self, block=True, timeout=None):
+        self.timeouts.append(timeout)
+        return super().get(block, timeout)
+
+
+@pytest.mark.timeout(60)
 def test_loop_stops_promptly_when_done_is_set_even_without_a_wake_up(loop_errors):
-    in_q, out_q, done = queue.Queue(), queue.Queue(), threading.Event()
+    # "Promptly" without a stopwatch: every wait is bounded by MP_STATUS_CHECK_INTERVAL, and once done is set
+    # the loop ends after at most the wait it was in, with no message sent to wake it.
+    in_q, out_q, done = WaitLog(), queue.Queue(), threading.Event()
     thread = start_loop(in_q, out_q, done)
     in_q.put((0, Pinnable(0)))
     out_q.get(timeout=5)
-    start = time.monotonic()
-    done.set()  # no dummy: the loop must notice on its next timed wait
-    thread.join(timeout=2 * MP_STATUS_CHECK_INTERVAL + 1)
+    while len(in_q.timeouts) < 2:  # the loop is back in a wait with nothing to get
+        time.sleep(0.01)
+    waits_before = len(in_q.timeouts)
+    done.set()
+    thread.join(timeout=30)
     assert not thread.is_alive()
-    assert time.monotonic() - start < 2 * MP_STATUS_CHECK_INTERVAL + 0.5
+    assert set(in_q.timeouts) == {MP_STATUS_CHECK_INTERVAL}
+    assert len(in_q.timeouts) - waits_before <= 1
     assert not loop_errors
 
 

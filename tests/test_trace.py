@@ -10,7 +10,7 @@ import pytest
 
 import minidl
 from minidl.course import toy
-from minidl.trace import SPANS, Trace
+from minidl.trace import FIELDS, SPANS, Trace
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -103,12 +103,40 @@ def test_diagnosis_blames_the_loader_for_a_slow_dataset(worker_method):
     assert "bottleneck: the loader" in str(d)
 
 
+def scripted_trace(consumer_step: float, load: float, batches: int = 6) -> Trace:
+    """A trace written by hand, so the judgement is tested without a clock: one worker loads each batch in
+    ``load`` s while the consumer trains on the previous one for ``consumer_step`` s; ``next()`` waits for
+    whatever of the load the step did not cover."""
+    tr, t = Trace(num_workers=1), 0.0
+
+    def event(name, lane, batch, start, end, **extra):
+        row = dict(event=name, lane=lane, batch=batch, start=start, end=end, pid=1, tid=1, **extra)
+        tr.extend([tuple(row.get(f) for f in FIELDS)])
+
+    for b in range(batches):
+        wait = load if b == 0 else max(0.0, load - consumer_step)
+        event("fetch", "worker 0", b, t + wait - load, t + wait, cpu=load)
+        event("wait", "main", b, t, t + wait)
+        event("yield", "main", b, t + wait, t + wait)
+        event("consumer", "main", b, t + wait, t + wait + consumer_step)
+        t += wait + consumer_step
+    return tr
+
+
 def test_diagnosis_blames_the_consumer_for_a_slow_training_step():
-    tr = traced(toy.RangeDataset(12), consumer_delay=0.03, batch_size=2, num_workers=1)
-    d = tr.diagnose()
+    d = scripted_trace(consumer_step=0.03, load=0.001).diagnose()
     assert d.bottleneck == "consumer" and d.wait_share < 0.25
-    assert d.consumer_step >= 0.03 and d.workers_needed == 1
+    assert d.consumer_step == pytest.approx(0.03) and d.workers_needed == 1
     assert "bottleneck: the consumer" in str(d)
+    slow = scripted_trace(consumer_step=0.001, load=0.03).diagnose()  # the same judge, the other way round
+    assert slow.bottleneck == "loader" and slow.workers_needed == 30
+
+
+def test_a_recorded_slow_training_step_is_measured_as_such():
+    tr = traced(toy.RangeDataset(12), consumer_delay=0.03, batch_size=2, num_workers=1)
+    d = tr.diagnose()  # which side is the bottleneck depends on the machine's load; the step's length does not
+    assert d.consumer_step >= 0.03
+    assert d.bottleneck in ("consumer", "loader") and f"bottleneck: the {d.bottleneck}" in str(d)
 
 
 def test_diagnosis_spots_reordering_behind_a_slow_sample():
