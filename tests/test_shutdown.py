@@ -129,6 +129,9 @@ SCRIPT = textwrap.dedent("""
         # The workers this process started (under forkserver they are the fork server's children, not ours).
         print(json.dumps([p.pid for p in multiprocessing.active_children()]), flush=True)
         if ending == "sigint":
+            # A process started in the background by a shell inherits SIGINT ignored, and Python then leaves it
+            # so: Ctrl-C's handler is put back by hand, as an interactive session has it.
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             try:
                 os.kill(os.getpid(), signal.SIGINT)
                 for _ in it:
