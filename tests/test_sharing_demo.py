@@ -54,12 +54,12 @@ def test_thread_workers_and_numpy_batches_are_not_in_shared_memory(no_leaks):
 def test_file_descriptor_strategy_maps_unlinked_files_and_leaves_none_in_dev_shm(no_leaks):
     assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
     before_maps = set(shm_maps(os.getpid()))
-    before_files = set(shm_files())
     it = iter(minidl.DataLoader(BlockDataset(16, kib=64), batch_size=4, num_workers=2))
     batch = next(it)
+    ours = [os.getpid(), *(w.pid for w in it._workers)]
     mapped = set(shm_maps(os.getpid())) - before_maps
     assert mapped and all(m.endswith(" (deleted)") for m in mapped)  # unlinked as soon as made
-    assert set(shm_files()) == before_files
+    assert not shm_files(ours)
     del it, batch
     gc.collect()
     assert wait_for(lambda: set(shm_maps(os.getpid())) <= before_maps)
@@ -67,17 +67,18 @@ def test_file_descriptor_strategy_maps_unlinked_files_and_leaves_none_in_dev_shm
 
 @pytest.mark.timeout(60)
 def test_file_system_strategy_leaves_named_files_until_the_batches_are_freed(no_leaks):
-    before = set(shm_files())
     torch.multiprocessing.set_sharing_strategy("file_system")
     try:
-        kept = [b for b in minidl.DataLoader(BlockDataset(16, kib=64), batch_size=4, num_workers=2)]
-        named = set(shm_files()) - before
+        it = iter(minidl.DataLoader(BlockDataset(16, kib=64), batch_size=4, num_workers=2))
+        pids = [w.pid for w in it._workers]
+        kept = list(it)
+        named = set(shm_files(pids))
         assert len(named) == len(kept) == 4
         assert {f"/dev/shm/{n}" for n in named} <= set(shm_maps(os.getpid()))
         assert not shm_fds(os.getpid())  # a name, not a descriptor, is the handle
         del kept
         gc.collect()
-        assert wait_for(lambda: not set(shm_files()) - before)
+        assert wait_for(lambda: not shm_files(pids))
     finally:
         torch.multiprocessing.set_sharing_strategy("file_descriptor")
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -65,9 +65,14 @@ def shm_maps(pid: int) -> list[str]:
     return sorted(names)
 
 
-def shm_files(prefix: str = "torch_") -> list[str]:
-    """The files in ``/dev/shm`` whose name starts with ``prefix``: what the file_system strategy leaves."""
-    return sorted(name for name in os.listdir(SHM) if name.startswith(prefix))
+def shm_files(pids: Iterable[int] | None = None) -> list[str]:
+    """torch's files in ``/dev/shm``, what the file_system strategy leaves; only those ``pids`` made, if given.
+
+    torch names each one ``torch_<pid of the process that made it>_<random>_<count>``, and /dev/shm is the
+    machine's: another program's torch files are in the listing too.
+    """
+    prefixes = ("torch_",) if pids is None else tuple(f"torch_{pid}_" for pid in pids)
+    return sorted(name for name in os.listdir(SHM) if name.startswith(prefixes))
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
