@@ -232,6 +232,25 @@ def test_train_throughput_feeds_every_batch_to_the_trainer(workers):
 
 
 @pytest.mark.timeout(60)
+def test_train_epoch_counts_the_workers_cpu_time_in_cores_busy():
+    from minidl.course.train import Trainer
+
+    dataset = pitfalls.DecodeLikeDataset(48, size=32, rounds=40)
+    trainer = Trainer(channels=3, classes=10, seed=0)
+    pitfalls.train_epoch(pitfalls.DecodeLikeDataset(8, size=32, rounds=0), 0, batch_size=8, trainer=trainer)  # warm-up
+    alone = pitfalls.train_epoch(dataset, 0, batch_size=8, trainer=trainer)
+    loaded = pitfalls.train_epoch(dataset, 2, batch_size=8, trainer=trainer)
+    start = time.process_time()
+    for i in range(len(dataset)):
+        dataset[i]
+    decoding = time.process_time() - start
+    assert alone["workers_cpu_s"] == 0 and loaded["workers_cpu_s"] > 0.8 * decoding  # the workers' decoding counted
+    for r in (alone, loaded):
+        assert r["cores_busy"] == pytest.approx((r["main_cpu_s"] + r["workers_cpu_s"]) / r["seconds"] / os.cpu_count())
+        assert r["samples_per_s"] == pytest.approx(48 / r["seconds"])
+
+
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("persistent", [False, True])
 def test_workers_are_started_every_epoch_unless_persistent(persistent):
     rows = pitfalls.epoch_times(persistent, epochs=3, method="fork")

@@ -402,18 +402,37 @@ class WaitingDataset(DecodeLikeDataset):
         return super().__getitem__(index)
 
 
-def train_throughput(dataset, num_workers: int, batch_size: int = 32, trainer=None) -> float:
-    """Samples per second through one epoch of a minidl loader feeding ``Trainer.step``."""
+def train_epoch(dataset, num_workers: int, batch_size: int = 32, trainer=None) -> dict:
+    """One epoch of a minidl loader feeding ``Trainer.step``: samples per second, CPU seconds, how busy the cores were.
+
+    ``cores_busy`` is the CPU time of this process and of its workers, over the epoch's wall time times the
+    machine's cores (1.0: every core worked all epoch). A worker's CPU time is counted once it has exited and
+    been joined (``RUSAGE_CHILDREN``), which the loader does as the epoch ends.
+    """
+    import resource
+
     from minidl import DataLoader
     from minidl.course.train import Trainer
+
+    def children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
 
     trainer = trainer or Trainer(channels=3, classes=10, seed=0)
     kwargs = {"multiprocessing_context": "fork"} if num_workers else {}
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kwargs)
-    t0 = time.perf_counter()
+    main0, workers0, t0 = time.process_time(), children_cpu(), time.perf_counter()
     for batch in loader:
         trainer.step(batch)
-    return len(dataset) / (time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    main, workers = time.process_time() - main0, children_cpu() - workers0
+    return {"samples_per_s": len(dataset) / seconds, "seconds": seconds, "main_cpu_s": main, "workers_cpu_s": workers,
+            "cores_busy": (main + workers) / seconds / os.cpu_count()}
+
+
+def train_throughput(dataset, num_workers: int, batch_size: int = 32, trainer=None) -> float:
+    """Samples per second through one epoch of a minidl loader feeding ``Trainer.step``."""
+    return train_epoch(dataset, num_workers, batch_size, trainer)["samples_per_s"]
 
 
 # --- 7. persistent_workers -------------------------------------------------------------------------
