@@ -209,6 +209,16 @@ def test_run_child_kills_the_whole_group_when_it_overstays():
     assert _alive_in_group(run["pid"]) == []  # dead (a zombie at most, until init reaps it)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_machine_cpu_seconds_counts_our_own_busy_time():
+    busy0, total0 = pitfalls.machine_cpu_seconds()
+    start = time.process_time()
+    while time.process_time() - start < 0.5:  # half a CPU second of our own
+        pass
+    busy1, total1 = pitfalls.machine_cpu_seconds()
+    assert busy1 - busy0 >= 0.4 and total1 - total0 >= busy1 - busy0 - 1e-6  # a fully busy machine: equal
+
+
 def test_decode_like_samples_are_deterministic_and_waiting_ones_match_without_the_blur():
     a, b = pitfalls.DecodeLikeDataset(4, size=16), pitfalls.DecodeLikeDataset(4, size=16)
     img, label = a[3]

@@ -430,6 +430,21 @@ def train_epoch(dataset, num_workers: int, batch_size: int = 32, trainer=None) -
             "cores_busy": (main + workers) / seconds / os.cpu_count()}
 
 
+def machine_cpu_seconds() -> tuple[float, float] | None:
+    """CPU seconds every core has spent busy, and in all, since boot, from Linux's ``/proc/stat`` (else ``None``).
+
+    Two readings around a measurement tell how busy the whole machine was (everyone's programs, not only ours).
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = fields[3] + fields[4]  # idle and iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick  # user..steal; guest time is already in user
+
+
 def train_throughput(dataset, num_workers: int, batch_size: int = 32, trainer=None) -> float:
     """Samples per second through one epoch of a minidl loader feeding ``Trainer.step``."""
     return train_epoch(dataset, num_workers, batch_size, trainer)["samples_per_s"]
