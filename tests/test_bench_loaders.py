@@ -50,7 +50,7 @@ def test_loaders_suite_measures_every_backend_workload_and_worker_count(quick_ru
     assert "mode: quick" in output
     for name in WORKLOADS:
         assert f"[loaders] {name}: the first 2 batches of every backend equal torch's" in output
-    assert "throughput, minidl processes / torch, median of per-round ratios [95% CI" in output
+    assert "minidl processes / torch, median of per-round ratios [CI of the median, coverage >= 95%" in output
     loader_epochs = len(WORKLOADS) * sum(len(backends_for(w)) for w in QUICK.workers) * (QUICK.repeats + 1)
     assert re.search(rf"\b{loader_epochs}/{loader_epochs} \[", output)  # the bar counted every epoch (loaders)
     rows = read_csv(out / "loaders.csv")

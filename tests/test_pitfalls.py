@@ -103,6 +103,69 @@ def test_writing_a_page_with_nothing_behind_it_is_a_bus_error():
     assert "Bus error" in run["stderr"] and run["result"] is None
 
 
+NO_SPACE = "unable to allocate shared memory(shm) for file </torch_"
+
+
+def _namespaces_work() -> bool:
+    import subprocess
+
+    prefix = pitfalls.namespace_prefix()
+    return prefix is not None and subprocess.run([*prefix, "true"], capture_output=True, timeout=30).returncode == 0
+
+
+needs_namespaces = pytest.mark.skipif(not _namespaces_work(), reason="no private mount/pid namespace here")
+
+
+def _check_shm_full(r: dict) -> None:
+    assert r["size_mib"] * 2**20 < 4 * r["batch_bytes"]  # four batches in flight cannot fit
+    for library in ("torch", "minidl"):
+        summary = pitfalls.error_summary(r[library]["error"])
+        assert summary[0].startswith("RuntimeError: Caught RuntimeError in DataLoader worker process ")
+        assert any(NO_SPACE in line and line.endswith("No space left on device (28)") for line in summary), summary
+        assert r[library]["batches"] < r[library]["of"]
+    assert "while collating sample[0]" in r["minidl"]["error"]  # minidl's collate names the field it was making
+    assert r["shared_memory"]["returncode"] == -signal.SIGBUS  # sized, never reserved: killed at the write
+    assert r["shared_memory"]["stderr"].startswith("Fatal Python error: Bus error")
+
+
+@needs_namespaces
+@pytest.mark.timeout(180)
+def test_a_full_dev_shm_is_torchs_no_space_error_in_both_loaders_and_sigbus_without_reservation():
+    run = pitfalls.shm_full(size_mib=4, timeout=150)
+    assert (run["source"], run["why"]) == ("measured", "private mount and pid namespace")
+    _check_shm_full(run["result"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("prefix", [None, ("false",), ("/nonexistent/unshare",)])
+def test_without_a_namespace_the_recorded_run_comes_back_labelled(prefix):
+    for function, recorded in ((pitfalls.shm_full, pitfalls.SHM_FULL_RECORDED),
+                               (pitfalls.file_system_leftovers, pitfalls.LEFTOVERS_RECORDED)):
+        run = function(prefix=lambda: prefix)
+        assert run["source"] == "recorded" and run["result"] is recorded
+        assert run["why"].startswith(pitfalls.NAMESPACE_UNAVAILABLE)
+    _check_shm_full(pitfalls.SHM_FULL_RECORDED)  # the recorded text shows what a real run shows
+
+
+@needs_namespaces
+@pytest.mark.timeout(180)
+def test_torch_shm_manager_removes_a_killed_processs_files_unless_it_is_killed_too():
+    run = pitfalls.file_system_leftovers(timeout=150)
+    assert run["source"] == "measured"
+    alone, both = run["result"]["process killed"], run["result"]["process and torch_shm_manager killed"]
+    assert alone["files_held"] == both["files_held"] == 8  # 4 batches of 2 tensors, one file each
+    assert alone["managers"] >= 1 and alone["files_left"] == 0
+    assert both["managers"] >= 1 and both["files_left"] == both["files_held"]
+
+
+def test_error_summary_keeps_the_first_line_and_the_last_exception():
+    error = "RuntimeError: Caught X in worker 0.\nOriginal Traceback:\n  File a\nOSError: no room\nwhile collating"
+    assert pitfalls.error_summary(error) == ["RuntimeError: Caught X in worker 0.", "  ...", "OSError: no room",
+                                             "while collating"]
+    assert pitfalls.error_summary("ValueError: bad") == ["ValueError: bad"]
+    assert pitfalls.error_summary(None) == ["no error"]
+
+
 @pytest.mark.timeout(200)
 def test_spawn_without_the_main_guard_fails_and_with_it_works():
     unguarded = pitfalls.run_script("minidl.course.spawn_unguarded", timeout=90)
@@ -146,6 +209,16 @@ def test_run_child_kills_the_whole_group_when_it_overstays():
     assert _alive_in_group(run["pid"]) == []  # dead (a zombie at most, until init reaps it)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
+def test_machine_cpu_seconds_counts_our_own_busy_time():
+    busy0, total0 = pitfalls.machine_cpu_seconds()
+    start = time.process_time()
+    while time.process_time() - start < 0.5:  # half a CPU second of our own
+        pass
+    busy1, total1 = pitfalls.machine_cpu_seconds()
+    assert busy1 - busy0 >= 0.4 and total1 - total0 >= busy1 - busy0 - 1e-6  # a fully busy machine: equal
+
+
 def test_decode_like_samples_are_deterministic_and_waiting_ones_match_without_the_blur():
     a, b = pitfalls.DecodeLikeDataset(4, size=16), pitfalls.DecodeLikeDataset(4, size=16)
     img, label = a[3]
@@ -166,6 +239,25 @@ def test_train_throughput_feeds_every_batch_to_the_trainer(workers):
     rate = pitfalls.train_throughput(pitfalls.DecodeLikeDataset(40, size=16, rounds=1), workers, batch_size=8,
                                      trainer=trainer)
     assert rate > 0 and trainer.steps == 5
+
+
+@pytest.mark.timeout(60)
+def test_train_epoch_counts_the_workers_cpu_time_in_cores_busy():
+    from minidl.course.train import Trainer
+
+    dataset = pitfalls.DecodeLikeDataset(48, size=32, rounds=40)
+    trainer = Trainer(channels=3, classes=10, seed=0)
+    pitfalls.train_epoch(pitfalls.DecodeLikeDataset(8, size=32, rounds=0), 0, batch_size=8, trainer=trainer)  # warm-up
+    alone = pitfalls.train_epoch(dataset, 0, batch_size=8, trainer=trainer)
+    loaded = pitfalls.train_epoch(dataset, 2, batch_size=8, trainer=trainer)
+    start = time.process_time()
+    for i in range(len(dataset)):
+        dataset[i]
+    decoding = time.process_time() - start
+    assert alone["workers_cpu_s"] == 0 and loaded["workers_cpu_s"] > 0.8 * decoding  # the workers' decoding counted
+    for r in (alone, loaded):
+        assert r["cores_busy"] == pytest.approx((r["main_cpu_s"] + r["workers_cpu_s"]) / r["seconds"] / os.cpu_count())
+        assert r["samples_per_s"] == pytest.approx(48 / r["seconds"])
 
 
 @pytest.mark.timeout(60)

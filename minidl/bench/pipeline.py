@@ -292,7 +292,7 @@ def per_round_ratio(results: Mapping[Key, list[Epoch]], top: Key, bottom: Key) -
 
 
 def ratio_tables(results: Mapping[Key, list[Epoch]]) -> str:
-    """The headline ratios, each the median of per-round ratios with its 95% interval."""
+    """The headline ratios, each the median of per-round ratios with its interval (>= 95%)."""
     out = []
     for variant in ("loop", "numpy"):
         task = f"pool, {variant}"

@@ -64,6 +64,131 @@ def bus_error() -> None:
         print("never printed")
 
 
+# --- /dev/shm experiments: run only inside a private mount (and pid) namespace, see pitfalls.run_in_namespace ---
+
+
+def _private_shm(size_mib: int) -> None:
+    """Mount a ``size_mib`` MiB tmpfs over /dev/shm. Only in a private mount namespace: nobody else sees it."""
+    import subprocess
+
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mib}m", "tmpfs", "/dev/shm"], check=True)
+
+
+def shm_full(size_mib: int, batches: int = 8) -> dict:
+    """A loader whose batches do not fit a ``size_mib`` MiB /dev/shm: torch's DataLoader, then minidl's.
+
+    Each batch is 32 float32 images of 3 x 64 x 64 (1.5 MiB) and their labels; two workers with
+    ``prefetch_factor=2`` want four of them in shared memory at once. For each loader: how many batches
+    came, and the error (``None`` if every batch came). Then the same shortage for code that sizes a
+    segment without reserving it (``multiprocessing.shared_memory``): a child process, and how it ended.
+    """
+    import subprocess
+
+    import torch.utils.data
+
+    import minidl
+    from minidl.course.pitfalls import TensorPairDataset
+
+    _private_shm(size_mib)
+    results = {"size_mib": size_mib, "batch_bytes": 32 * 3 * 64 * 64 * 4 + 32 * 8}
+    for library, loader_class in (("torch", torch.utils.data.DataLoader), ("minidl", minidl.DataLoader)):
+        loader = loader_class(TensorPairDataset(32 * batches, (3, 64, 64)), batch_size=32, num_workers=2,
+                              multiprocessing_context="fork")
+        came, error = 0, None
+        try:
+            for _batch in loader:
+                came += 1
+        except Exception as e:  # noqa: BLE001 -- we report whatever the user would see
+            error = f"{type(e).__name__}: {e}"
+        results[library] = {"batches": came, "of": batches, "error": error}
+        del loader
+    child = subprocess.run([sys.executable, "-m", "minidl.course.pitfall_run", "shm_write", str(2 * size_mib)],
+                           capture_output=True, text=True, timeout=60)
+    results["shared_memory"] = {"returncode": child.returncode, "stdout": child.stdout, "stderr": child.stderr}
+    return results
+
+
+def shm_write(size_mib: int) -> None:
+    """Create a ``size_mib`` MiB ``multiprocessing.shared_memory`` block and fill it: it is sized, not reserved."""
+    import faulthandler
+    import resource
+    from multiprocessing import shared_memory
+
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind
+    faulthandler.enable()  # so the crash names itself on stderr ("Fatal Python error: Bus error")
+    block = shared_memory.SharedMemory(create=True, size=size_mib * 2**20)
+    print(f"created /dev/shm{block._name} of {size_mib} MiB; writing...", flush=True)
+    block.buf[:] = b"\x01" * block.size  # SIGBUS at the first page /dev/shm cannot give
+    print("written", flush=True)
+
+
+def _hold_file_system_batches() -> None:
+    """Load a few batches under ``file_system`` and keep them; say how many files, then wait to be killed."""
+    import os
+    import time
+
+    import torch.multiprocessing
+    import torch.utils.data
+
+    from minidl.course.pitfalls import TensorPairDataset
+
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    kept = list(torch.utils.data.DataLoader(TensorPairDataset(16, (3, 8, 8)), batch_size=4, num_workers=2))
+    print(json.dumps({"kept": len(kept), "files": len(os.listdir("/dev/shm"))}), flush=True)
+    time.sleep(600)
+
+
+def _shm_managers() -> list[int]:
+    """pids of the torch_shm_manager processes (this runs in its own pid namespace: they are all ours)."""
+    import os
+
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip().startswith("torch_shm_manag"):
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def file_system_leftovers(wait: float = 10.0) -> dict:
+    """Under ``file_system``, SIGKILL a process that holds batches: who removes its files from /dev/shm?
+
+    Twice: once killing only that process (``torch_shm_manager`` lives on and cleans up: we time it, up to
+    ``wait`` s), once killing its managers as well (the files stay). Needs its own pid namespace
+    (``_shm_managers`` kills every manager it sees).
+    """
+    import os
+    import signal
+    import subprocess
+    import time
+
+    _private_shm(64)
+    results = {}
+    for case in ("process killed", "process and torch_shm_manager killed"):
+        before = set(_shm_managers())  # the first case's managers may still be on their way out
+        victim = subprocess.Popen([sys.executable, "-m", "minidl.course.pitfall_run", "hold_file_system"],
+                                  stdout=subprocess.PIPE, text=True, start_new_session=True)
+        held = json.loads(victim.stdout.readline())
+        managers = [pid for pid in _shm_managers() if pid not in before]
+        victim.kill()
+        victim.wait()
+        if case != "process killed":
+            for pid in managers:
+                os.kill(pid, signal.SIGKILL)
+        start = time.monotonic()
+        while os.listdir("/dev/shm") and time.monotonic() - start < wait:
+            time.sleep(0.1)
+        left = sorted(os.listdir("/dev/shm"))
+        results[case] = {"files_held": held["files"], "managers": len(managers), "files_left": len(left),
+                         "seconds": round(time.monotonic() - start, 1), "example": left[:1]}
+        for name in left:  # this tmpfs vanishes with the namespace anyway; start the next case empty
+            os.unlink(os.path.join("/dev/shm", name))
+    return results
+
+
 def fork_lock(method: str, wait: float) -> dict:
     from minidl.course.pitfalls import fork_while_locked
 
@@ -78,6 +203,14 @@ def main(argv: list[str]) -> None:
         result = bus_error()
     elif what == "fork_lock":
         result = fork_lock(args[0], float(args[1]))
+    elif what == "shm_full":
+        result = shm_full(int(args[0]))
+    elif what == "shm_write":
+        result = shm_write(int(args[0]))
+    elif what == "hold_file_system":
+        result = _hold_file_system_batches()
+    elif what == "file_system_leftovers":
+        result = file_system_leftovers()
     else:
         raise SystemExit(f"unknown experiment {what!r}")
     print(json.dumps(result), flush=True)

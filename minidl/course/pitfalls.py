@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -39,13 +41,14 @@ def global_draws(n: int = 2) -> tuple[int, dict[str, list[float]]]:
     return os.getpid(), draws
 
 
-def run_child(args: list[str], timeout: float = 60.0) -> dict:
+def run_child(args: list[str], timeout: float = 60.0, prefix: tuple[str, ...] = ()) -> dict:
     """Run ``python -m minidl.course.pitfall_run *args`` in a fresh interpreter, at most ``timeout`` s.
 
     Returns its pid, exit code, stderr and the JSON it printed last (or ``None``). The child runs in its own
     process group, and the whole group is killed if it overstays, so nothing it started outlives it.
+    ``prefix`` goes before the command (``unshare ...``: see ``run_in_namespace``).
     """
-    cmd = [sys.executable, "-m", "minidl.course.pitfall_run", *args]
+    cmd = [*prefix, sys.executable, "-m", "minidl.course.pitfall_run", *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -223,6 +226,101 @@ def torch_bus_error_text() -> list[str]:
     return sorted(texts)
 
 
+# --- 2b. A full /dev/shm, for real, in a private namespace ---------------------------------------------
+
+NAMESPACE_UNAVAILABLE = "no private namespace on this machine"
+
+
+def namespace_prefix() -> tuple[str, ...] | None:
+    """The ``unshare`` command that gives a child its own mount and pid namespaces, or ``None`` if there is none.
+
+    As root, mount and pid namespaces are enough; anyone else also needs a user namespace (``--user
+    --map-root-user``), which some kernels and most containers refuse. Inside, the child may mount a small
+    ``tmpfs`` over ``/dev/shm`` that only it sees, and kill ``torch_shm_manager`` processes that are only its own.
+    """
+    unshare = shutil.which("unshare")
+    if not sys.platform.startswith("linux") or unshare is None:
+        return None
+    user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
+    return (unshare, *user, "--mount", "--pid", "--fork", "--mount-proc")
+
+
+def run_in_namespace(args: list[str], recorded: dict, timeout: float = 120.0, prefix=namespace_prefix) -> dict:
+    """``run_child(args)`` in a private namespace; where that cannot run, ``recorded`` (a run on the reference machine).
+
+    Returns ``{"source": "measured" or "recorded", "why": ..., "result": ...}``: a learner's machine without
+    namespaces (macOS, most containers, a kernel that forbids user namespaces) still sees the real text,
+    labelled as recorded, and the reason.
+    """
+    command = prefix()
+    why = NAMESPACE_UNAVAILABLE + " (no `unshare`, or not Linux)"
+    if command is not None:
+        try:
+            run = run_child(args, timeout=timeout, prefix=command)
+        except OSError as e:
+            why = f"{NAMESPACE_UNAVAILABLE}: {e}"
+        else:
+            if run["result"] is not None:
+                return {"source": "measured", "why": "private mount and pid namespace", "result": run["result"]}
+            last = (run["stderr"].strip().splitlines() or ["no output"])[-1]
+            why = f"{NAMESPACE_UNAVAILABLE}: {' '.join(command[:1])} said {last!r}"
+    return {"source": "recorded", "why": why, "result": recorded}
+
+
+def error_summary(error: str | None) -> list[str]:
+    """The lines of a loader's error a learner reads: the first, and the last exception's line (and any after it)."""
+    if error is None:
+        return ["no error"]
+    lines = [line for line in error.splitlines() if line.strip()]
+    raised = [i for i, line in enumerate(lines) if re.match(r"[A-Za-z_][\w.]*: ", line)]  # "RuntimeError: ..."
+    last = raised[-1] if raised else 0
+    return lines[:1] + (["  ..."] if last > 1 else []) + lines[max(last, 1):]
+
+
+# Recorded on the reference machine (2 cores, Python 3.11.7, torch 2.13.0+cpu, Linux), 2026-11-25, by
+# ``run_in_namespace(["shm_full", "4"], ...)``; errors shortened with ``error_summary``.
+SHM_FULL_RECORDED = {
+    "size_mib": 4,
+    "batch_bytes": 1573120,
+    "torch": {"batches": 2, "of": 8, "error": (
+        "RuntimeError: Caught RuntimeError in DataLoader worker process 0.\n  ...\n"
+        "RuntimeError: unable to allocate shared memory(shm) for file </torch_4_1447478590_1>: "
+        "No space left on device (28)")},
+    "minidl": {"batches": 0, "of": 8, "error": (
+        "RuntimeError: Caught RuntimeError in DataLoader worker process 0.\n  ...\n"
+        "RuntimeError: unable to allocate shared memory(shm) for file </torch_12_2197677462_0>: "
+        "No space left on device (28)\nwhile collating sample[0]")},
+    "shared_memory": {"returncode": -7, "stdout": "created /dev/shm/psm_ccfb4be1 of 8 MiB; writing...\n",
+                      "stderr": "Fatal Python error: Bus error\n"},
+}
+
+
+def shm_full(size_mib: int = 4, timeout: float = 120.0, prefix=namespace_prefix) -> dict:
+    """torch's and minidl's loaders (and ``multiprocessing.shared_memory``) with a ``size_mib`` MiB /dev/shm.
+
+    Runs ``pitfall_run.shm_full`` in a private namespace, where a small ``tmpfs`` hides the real /dev/shm;
+    where there is none, returns the run recorded on the reference machine, labelled ``"recorded"``.
+    """
+    return run_in_namespace(["shm_full", str(size_mib)], SHM_FULL_RECORDED, timeout, prefix)
+
+
+# Recorded as above, by ``run_in_namespace(["file_system_leftovers"], ...)``.
+LEFTOVERS_RECORDED = {
+    "process killed": {"files_held": 8, "managers": 2, "files_left": 0, "seconds": 2.0, "example": []},
+    "process and torch_shm_manager killed": {"files_held": 8, "managers": 2, "files_left": 8, "seconds": 10.0,
+                                             "example": ["torch_16_1211560494_2"]},
+}
+
+
+def file_system_leftovers(timeout: float = 120.0, prefix=namespace_prefix) -> dict:
+    """Under ``file_system``, what a killed process leaves in /dev/shm: with its ``torch_shm_manager``, and without.
+
+    Runs ``pitfall_run.file_system_leftovers`` in a private namespace (its own /dev/shm and pids, so the
+    managers it kills are its own); where there is none, the run recorded on the reference machine.
+    """
+    return run_in_namespace(["file_system_leftovers"], LEFTOVERS_RECORDED, timeout, prefix)
+
+
 # --- 4. Fork while another thread holds a lock ---------------------------------------------------------
 
 _LOCK = threading.Lock()  # module level, like the locks inside logging, malloc or a queue
@@ -304,18 +402,52 @@ class WaitingDataset(DecodeLikeDataset):
         return super().__getitem__(index)
 
 
-def train_throughput(dataset, num_workers: int, batch_size: int = 32, trainer=None) -> float:
-    """Samples per second through one epoch of a minidl loader feeding ``Trainer.step``."""
+def train_epoch(dataset, num_workers: int, batch_size: int = 32, trainer=None) -> dict:
+    """One epoch of a minidl loader feeding ``Trainer.step``: samples per second, CPU seconds, how busy the cores were.
+
+    ``cores_busy`` is the CPU time of this process and of its workers, over the epoch's wall time times the
+    machine's cores (1.0: every core worked all epoch). A worker's CPU time is counted once it has exited and
+    been joined (``RUSAGE_CHILDREN``), which the loader does as the epoch ends.
+    """
+    import resource
+
     from minidl import DataLoader
     from minidl.course.train import Trainer
+
+    def children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
 
     trainer = trainer or Trainer(channels=3, classes=10, seed=0)
     kwargs = {"multiprocessing_context": "fork"} if num_workers else {}
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kwargs)
-    t0 = time.perf_counter()
+    main0, workers0, t0 = time.process_time(), children_cpu(), time.perf_counter()
     for batch in loader:
         trainer.step(batch)
-    return len(dataset) / (time.perf_counter() - t0)
+    seconds = time.perf_counter() - t0
+    main, workers = time.process_time() - main0, children_cpu() - workers0
+    return {"samples_per_s": len(dataset) / seconds, "seconds": seconds, "main_cpu_s": main, "workers_cpu_s": workers,
+            "cores_busy": (main + workers) / seconds / os.cpu_count()}
+
+
+def machine_cpu_seconds() -> tuple[float, float] | None:
+    """CPU seconds every core has spent busy, and in all, since boot, from Linux's ``/proc/stat`` (else ``None``).
+
+    Two readings around a measurement tell how busy the whole machine was (everyone's programs, not only ours).
+    """
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = fields[3] + fields[4]  # idle and iowait
+    tick = os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick  # user..steal; guest time is already in user
+
+
+def train_throughput(dataset, num_workers: int, batch_size: int = 32, trainer=None) -> float:
+    """Samples per second through one epoch of a minidl loader feeding ``Trainer.step``."""
+    return train_epoch(dataset, num_workers, batch_size, trainer)["samples_per_s"]
 
 
 # --- 7. persistent_workers -------------------------------------------------------------------------
