@@ -73,6 +73,11 @@ FULL = Sizes(side=32, loop=192, numpy=2048, vectorise=256, numba=1024, threads={
              repeats=5, thread_repeats=11, process_repeats=3)
 QUICK = Sizes(side=16, loop=64, numpy=128, vectorise=64, numba=64, threads={16: 128, 48: 64}, repeats=3,
               thread_repeats=3, process_repeats=3)
+# Notebook 11's live runs (``measure``): every group in a minute or two on 2 cores, or a few seconds.
+LIVE = Sizes(side=32, loop=64, numpy=512, vectorise=96, numba=256, threads={32: 512, 64: 192, 128: 96},
+             repeats=3, thread_repeats=5, process_repeats=1)
+LIVE_QUICK = Sizes(side=16, loop=16, numpy=64, vectorise=16, numba=32, threads={16: 64, 48: 32}, repeats=1,
+                   thread_repeats=1, process_repeats=1)
 
 Key = tuple[str, str, int]  # (task, method, workers)
 
@@ -282,6 +287,48 @@ def _threads_group(session: Session, sizes: Sizes, results: dict[Key, list[Epoch
             rate = [e.samples / e.seconds for e in epochs[1:]]
             session.record(task, method, timing([e.seconds for e in epochs]), size=side, workers=w, baseline=w == 0,
                            note=f"{n} samples; samples/s {statistics.median(rate):.4g}")
+
+
+# --- one group, live ---------------------------------------------------------------------------
+
+class _NoBar:
+    """Stands in for the progress bar when a group runs inside a notebook."""
+
+    total = 0
+
+    def refresh(self) -> None: ...
+    def set_postfix_str(self, what: str) -> None: ...
+    def update(self) -> None: ...
+    def write(self, message: str) -> None: ...
+
+
+GROUPS = ("pool", "vectorise", "numba", "numba per process", "threads")
+
+
+def measure(group: str, sizes: Sizes = LIVE) -> tuple[list[dict], list[dict]]:
+    """Run one group of the suite here and now; returns (rows, rounds), keyed as ``pipeline.csv`` and
+    ``pipeline_rounds.csv`` are, so notebook 11 reads this machine's figures as it reads the committed ones.
+    """
+    if group not in GROUPS:
+        raise ValueError(f"group should be one of {GROUPS}, but got group={group!r}")
+    session = Session("pipeline", quick=False, out=Path("."), bar=_NoBar())
+    results: dict[Key, list[Epoch]] = {}
+    if group == "pool":
+        _pool_group(session, sizes, results)
+    elif group == "vectorise":
+        _vectorise_group(session, sizes, results)
+    elif group == "numba":
+        _numba_group(session, sizes, results)
+    elif group == "numba per process":
+        _numba_per_process(session, sizes)
+    else:
+        _threads_group(session, sizes, results)
+    rows = [{"task": r.task, "method": r.method, "workers": r.workers, "size": r.size, "median_s": r.timing.median,
+             "min_s": r.timing.min, "max_s": r.timing.max} for r in session.rows]
+    rounds = [{"task": task, "method": method, "workers": workers, "round": r, "seconds": e.seconds,
+               "first_batch_s": e.first_batch, "samples": e.samples, "cpu_s": e.cpu}
+              for (task, method, workers), epochs in results.items() for r, e in enumerate(epochs)]
+    return rows, rounds
 
 
 # --- ratios ---------------------------------------------------------------------------------------
