@@ -67,6 +67,7 @@ class Sizes:
     repeats: int  # timed rounds after the warm-up round
     thread_repeats: int  # the same for the threads group, whose short epochs swing most on a busy machine
     process_repeats: int  # fresh interpreters per step of "numba per process"
+    workers: tuple[int, ...] = WORKERS  # the numbers of workers the pool and vectorise groups compare
 
 
 FULL = Sizes(side=32, loop=192, numpy=2048, vectorise=256, numba=1024, threads={32: 2048, 64: 768, 128: 384},
@@ -74,10 +75,10 @@ FULL = Sizes(side=32, loop=192, numpy=2048, vectorise=256, numba=1024, threads={
 QUICK = Sizes(side=16, loop=64, numpy=128, vectorise=64, numba=64, threads={16: 128, 48: 64}, repeats=3,
               thread_repeats=3, process_repeats=3)
 # Notebook 11's live runs (``measure``): every group in a minute or two on 2 cores, or a few seconds.
-LIVE = Sizes(side=32, loop=64, numpy=512, vectorise=96, numba=256, threads={32: 512, 64: 192, 128: 96},
-             repeats=3, thread_repeats=5, process_repeats=1)
+LIVE = Sizes(side=32, loop=128, numpy=1024, vectorise=192, numba=512, threads={32: 1024, 64: 384, 128: 192},
+             repeats=5, thread_repeats=7, process_repeats=2)
 LIVE_QUICK = Sizes(side=16, loop=16, numpy=64, vectorise=16, numba=32, threads={16: 64, 48: 32}, repeats=1,
-                   thread_repeats=1, process_repeats=1)
+                   thread_repeats=1, process_repeats=1, workers=(0, 2))  # few worker starts: ~2 s each under spawn
 
 Key = tuple[str, str, int]  # (task, method, workers)
 
@@ -180,7 +181,7 @@ def _pool_group(session: Session, sizes: Sizes, results: dict[Key, list[Epoch]])
         dataset = pipeline.make_dataset(variant, n, side=sizes.side)
         order = epoch_order(n)
         loaders = {("serial", 0): partial(make_loader, "serial", dataset, 0, order)}
-        for w in WORKERS[1:]:
+        for w in (w for w in sizes.workers if w > 0):
             for method in ("pool imap", "minidl process"):
                 loaders[method, w] = partial(make_loader, method, dataset, w, order)
         reference = make_loader("serial", pipeline.make_dataset("loop", n, side=sizes.side), 0, order)
@@ -194,7 +195,7 @@ def _vectorise_group(session: Session, sizes: Sizes, results: dict[Key, list[Epo
     datasets = {v: pipeline.make_dataset(v, n, side=sizes.side) for v in ("loop", "numpy", "batch", "numba")}
     datasets["numba"].warm_up()  # compiled (or loaded) here, before the workers fork: their copy is warm
     loaders = {(v, w): partial(make_loader, "serial" if w == 0 else "minidl process", d, w, order)
-               for v, d in datasets.items() for w in WORKERS}
+               for v, d in datasets.items() for w in sizes.workers}
     check(loaders, make_loader("serial", datasets["loop"], 0, order), "vectorise")
     _group(session, "vectorise", loaders, sizes.repeats, results, ("loop", 0), n)
 
