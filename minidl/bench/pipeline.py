@@ -68,6 +68,9 @@ class Sizes:
     thread_repeats: int  # the same for the threads group, whose short epochs swing most on a busy machine
     process_repeats: int  # fresh interpreters per step of "numba per process"
     workers: tuple[int, ...] = WORKERS  # the numbers of workers the pool and vectorise groups compare
+    # Check each process-worker loader's batches before timing it. Off only for notebook 11's quick live run,
+    # where every check is one more worker start; the suite's own runs (and its tests) check every loader.
+    check: bool = True
 
 
 FULL = Sizes(side=32, loop=192, numpy=2048, vectorise=256, numba=1024, threads={32: 2048, 64: 768, 128: 384},
@@ -78,7 +81,7 @@ QUICK = Sizes(side=16, loop=64, numpy=128, vectorise=64, numba=64, threads={16: 
 LIVE = Sizes(side=32, loop=128, numpy=1024, vectorise=192, numba=512, threads={32: 1024, 64: 384, 128: 192},
              repeats=5, thread_repeats=7, process_repeats=2)
 LIVE_QUICK = Sizes(side=16, loop=16, numpy=64, vectorise=16, numba=32, threads={16: 64, 48: 32}, repeats=1,
-                   thread_repeats=1, process_repeats=1, workers=(0, 2))  # few worker starts: ~2 s each under spawn
+                   thread_repeats=1, process_repeats=1, workers=(0, 2), check=False)  # few worker starts
 
 Key = tuple[str, str, int]  # (task, method, workers)
 
@@ -185,7 +188,8 @@ def _pool_group(session: Session, sizes: Sizes, results: dict[Key, list[Epoch]])
             for method in ("pool imap", "minidl process"):
                 loaders[method, w] = partial(make_loader, method, dataset, w, order)
         reference = make_loader("serial", pipeline.make_dataset("loop", n, side=sizes.side), 0, order)
-        check(loaders, reference, f"pool, {variant}")
+        if sizes.check:
+            check(loaders, reference, f"pool, {variant}")
         _group(session, f"pool, {variant}", loaders, sizes.repeats, results, ("serial", 0), n)
 
 
@@ -196,7 +200,8 @@ def _vectorise_group(session: Session, sizes: Sizes, results: dict[Key, list[Epo
     datasets["numba"].warm_up()  # compiled (or loaded) here, before the workers fork: their copy is warm
     loaders = {(v, w): partial(make_loader, "serial" if w == 0 else "minidl process", d, w, order)
                for v, d in datasets.items() for w in sizes.workers}
-    check(loaders, make_loader("serial", datasets["loop"], 0, order), "vectorise")
+    if sizes.check:
+        check(loaders, make_loader("serial", datasets["loop"], 0, order), "vectorise")
     _group(session, "vectorise", loaders, sizes.repeats, results, ("loop", 0), n)
 
 
@@ -211,8 +216,9 @@ def _numba_group(session: Session, sizes: Sizes, results: dict[Key, list[Epoch]]
     }
     datasets[NUMBA_METHODS[3]].warm_up()  # only this one: the others' kernels never run in this process
     loaders = {(m, w): partial(make_loader, "minidl process", d, w, order) for m, d in datasets.items()}
-    check(loaders, make_loader("serial", pipeline.make_dataset("loop", n, side=sizes.side), 0, order),
-          "numba in workers")
+    if sizes.check:
+        check(loaders, make_loader("serial", pipeline.make_dataset("loop", n, side=sizes.side), 0, order),
+              "numba in workers")
     _group(session, "numba in workers", loaders, sizes.repeats, results, (NUMBA_METHODS[0], w), n)
 
 
