@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 import threading
 import time
 from collections import defaultdict
@@ -418,6 +419,8 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
     # then more workers than cores still help, and threads are the cheapest workers.
     io_bound = cpu < 0.5 * sum(busy.values())
     batch_time = _mean(list(per_batch.values()))
+    # A slow batch: one that took over twice as long as the median batch to load.
+    slow_batch = bool(per_batch) and max(per_batch.values()) > 2 * statistics.median(per_batch.values())
     utilisation = {lane: t / wall if wall > 0 else 0.0 for lane, t in sorted(busy.items())}
 
     # Transport: of the time between a worker's put and the main process's receipt, only the part
@@ -433,21 +436,23 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     bottleneck = "loader" if wait_share > 0.25 else "consumer"
     advice = _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport,
-                     pin, workers_needed, cores, io_bound)
+                     pin, workers_needed, cores, io_bound, slow_batch)
     return Diagnosis(wall, wait_share, consumer_step, batch_time, utilisation, reorder_lost, transport, pin,
                      workers_needed, io_bound, bottleneck, advice)
 
 
 def _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport, pin,
-            workers_needed, cores, io_bound) -> list[str]:
+            workers_needed, cores, io_bound, slow_batch=True) -> list[str]:
     n = trace.num_workers
     if bottleneck == "consumer":
         return [f"nothing in the loader: the consumer waited only {wait_share:.0%} of the time; "
                 f"about {workers_needed} worker(s) keep up with this step"]
     advice = []
     if reorder_lost > 0.2 * waited and trace.in_order and n > 0:
+        why = ("a slow sample held it back" if slow_batch else
+               "no batch took twice the median batch's time to load: the workers finished out of turn")
         advice.append(f"in_order=False: {reorder_lost:.2f} s of waiting happened while a later batch was "
-                      "already ready (a slow sample held it back)")
+                      f"already ready ({why})")
     if n > 0 and trace.worker_method == "multiprocessing" and transport > 0.5 * batch_time:
         advice.append(f"worker_method='thread': moving a batch between processes ({transport * 1e3:.1f} ms) "
                       f"costs as much as making it ({batch_time * 1e3:.1f} ms)")

@@ -86,3 +86,22 @@ def test_fresh_process_reports_each_step():
 
     steps = fresh_process("cache", 4)
     assert set(steps) == {"import", "first", "warm"} and all(v > 0 for v in steps.values())
+
+
+@pytest.mark.timeout(240)
+def test_measure_runs_one_group_live_with_the_csv_keys():
+    # Notebook 11 measures each group on the learner's machine and reads it like the committed CSVs.
+    from minidl.bench.pipeline import FULL, LIVE, LIVE_QUICK, QUICK, measure
+
+    rows, rounds = measure("pool", LIVE_QUICK)
+    tasks = {r["task"] for r in rows}
+    assert tasks == {"pool, loop", "pool, loop first batch", "pool, numpy", "pool, numpy first batch"}
+    assert LIVE_QUICK.workers == (0, 2) and not LIVE_QUICK.check  # quick: fewer worker starts (seconds under spawn)
+    assert FULL.check and QUICK.check and LIVE.check  # every other run checks each loader's batches first
+    assert {(r["method"], r["workers"]) for r in rows if r["task"] == "pool, numpy"} == {
+        ("serial", 0), ("pool imap", 2), ("minidl process", 2)}
+    assert all(r["median_s"] > 0 for r in rows)
+    assert {r["round"] for r in rounds} == set(range(LIVE_QUICK.repeats + 1))  # the warm-up is round 0
+    assert all(r["samples"] == LIVE_QUICK.loop for r in rounds if r["task"] == "pool, loop")
+    with pytest.raises(ValueError, match="group=.*'pools'"):
+        measure("pools", LIVE_QUICK)

@@ -218,13 +218,71 @@ def test_pool_loader_closed_early_leaves_no_worker():
 
 
 @pytest.mark.timeout(60)
-def test_pool_loader_reraises_the_workers_exception_bare():
-    # A Pool hands back the exception itself; minidl (like torch) names the worker that raised it.
-    with pytest.raises(KeyError, match="bad sample 5"):
+def test_pool_loader_reraises_the_workers_exception_with_its_traceback_as_cause():
+    # A Pool re-raises the worker's exception with the worker's traceback attached as __cause__;
+    # minidl (like torch) also names the worker that raised it.
+    from multiprocessing.pool import RemoteTraceback
+
+    with pytest.raises(KeyError, match="bad sample 5") as caught:
         list(P.pool_loader(FailingDataset(8, bad_index=5), P.batches_of(range(8), 2), 2, collate_fn=list))
+    assert isinstance(caught.value.__cause__, RemoteTraceback)
+    assert "in __getitem__" in str(caught.value.__cause__) and "bad sample 5" in str(caught.value.__cause__)
     loader = minidl.DataLoader(FailingDataset(8, bad_index=5), batch_size=2, num_workers=2, collate_fn=list)
     with pytest.raises(KeyError, match="Caught KeyError in DataLoader worker process"):
         list(loader)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("variant", ["numpy", "batch"])
+def test_init_worker_and_fetch_make_a_naive_pool_loader(variant, order, expected):
+    # The five-line loader of notebook 11: the dataset reaches each worker once, each task is a batch.
+    import multiprocessing
+
+    dataset = P.make_dataset(variant, 40, side=6)
+    with multiprocessing.Pool(2, initializer=P.init_worker, initargs=(dataset,)) as pool:
+        got = list(pool.imap(P.fetch, P.batches_of(order, 8), chunksize=1))
+        assert len(got) == len(expected)
+        assert_same_batches(got, expected)
+        assert_same_batches(pool.map(P.fetch, P.batches_of(order, 8), chunksize=2), expected)
+        pool.close()
+        pool.join()
+
+
+def test_fetch_uses_the_dataset_the_initializer_left():
+    before = P._pool_dataset
+    try:
+        P.init_worker(P.make_dataset("loop", 8, side=4))
+        images, labels = P.fetch([3, 1])
+        reference = P.serial_loader(P.make_dataset("numpy", 8, side=4), [[3, 1]])
+        assert_same_batches([(images, labels)], list(reference))
+        assert P.fetch([0], collate_fn=list)[0][1] == 0  # a collate_fn of one's own, as pool_loader passes
+    finally:
+        P._pool_dataset = before
+
+
+@pytest.mark.timeout(60)
+def test_pool_loader_ends_its_pool_after_a_whole_epoch():
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    batches = list(P.pool_loader(P.NumpyPipeline(32, side=4), P.batches_of(range(32), 4), 2))
+    assert len(batches) == 8
+    assert set(multiprocessing.active_children()) - before == set()  # closed and joined, nothing left
+
+
+@pytest.mark.timeout(60)
+def test_pool_loader_left_by_break_with_a_long_epoch_ahead_leaves_no_worker():
+    # Leaving early used to be able to hang Pool.terminate() while imap's feeder pushed a long backlog.
+    import gc
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    for _ in range(3):
+        for i, _batch in enumerate(P.pool_loader(P.NumpyPipeline(4000, side=4), P.batches_of(range(4000), 2), 2)):
+            if i == 2:
+                break
+        gc.collect()  # the abandoned generator is closed: its `with Pool` block terminates the workers
+        assert set(multiprocessing.active_children()) - before == set()
 
 
 @pytest.mark.timeout(60)

@@ -146,6 +146,35 @@ def test_diagnosis_spots_reordering_behind_a_slow_sample():
     assert any(a.startswith("in_order=False") for a in d.advice)
 
 
+@pytest.mark.parametrize("first_load, why", [(0.02, "the workers finished out of turn"),
+                                              (0.2, "a slow sample held it back")])
+def test_the_reorder_advice_names_a_slow_batch_only_when_there_is_one(first_load, why):
+    # Written by hand: batch 0 (worker 0) arrives after batch 1 (worker 1), and the consumer waits for it
+    # meanwhile. Equal loads: the workers only finished out of turn; a batch 0 ten times slower held it back.
+    tr = Trace(num_workers=2)
+
+    def event(name, lane, batch, start, end, **extra):
+        row = dict(event=name, lane=lane, batch=batch, start=start, end=end, pid=1, tid=1, **extra)
+        tr.extend([tuple(row.get(f) for f in FIELDS)])
+
+    loads = [first_load, 0.02, 0.02, 0.02]
+    arrive = {0: first_load, 1: first_load / 2, 2: first_load + 0.02, 3: first_load + 0.02}
+    t = 0.0
+    for b, load in enumerate(loads):
+        event("fetch", f"worker {b % 2}", b, arrive[b] - load, arrive[b], cpu=load)
+        event("put", f"worker {b % 2}", b, arrive[b], arrive[b])
+        event("receive", "main", b, arrive[b], arrive[b], waited_since=t)
+        event("wait", "main", b, t, max(t, arrive[b]))
+        t = max(t, arrive[b])
+        event("yield", "main", b, t, t)
+        event("consumer", "main", b, t, t + 0.001)
+        t += 0.001
+    d = tr.diagnose()
+    assert d.reorder_lost == pytest.approx(first_load / 2)
+    [advice] = [a for a in d.advice if a.startswith("in_order=False")]
+    assert why in advice
+
+
 def test_empty_trace_cannot_be_diagnosed():
     with pytest.raises(ValueError, match="empty"):
         Trace().diagnose()

@@ -67,12 +67,21 @@ class Sizes:
     repeats: int  # timed rounds after the warm-up round
     thread_repeats: int  # the same for the threads group, whose short epochs swing most on a busy machine
     process_repeats: int  # fresh interpreters per step of "numba per process"
+    workers: tuple[int, ...] = WORKERS  # the numbers of workers the pool and vectorise groups compare
+    # Check each process-worker loader's batches before timing it. Off only for notebook 11's quick live run,
+    # where every check is one more worker start; the suite's own runs (and its tests) check every loader.
+    check: bool = True
 
 
 FULL = Sizes(side=32, loop=192, numpy=2048, vectorise=256, numba=1024, threads={32: 2048, 64: 768, 128: 384},
              repeats=5, thread_repeats=11, process_repeats=3)
 QUICK = Sizes(side=16, loop=64, numpy=128, vectorise=64, numba=64, threads={16: 128, 48: 64}, repeats=3,
               thread_repeats=3, process_repeats=3)
+# Notebook 11's live runs (``measure``): every group in a minute or two on 2 cores, or a few seconds.
+LIVE = Sizes(side=32, loop=128, numpy=1024, vectorise=192, numba=512, threads={32: 1024, 64: 384, 128: 192},
+             repeats=5, thread_repeats=7, process_repeats=2)
+LIVE_QUICK = Sizes(side=16, loop=16, numpy=64, vectorise=16, numba=32, threads={16: 64, 48: 32}, repeats=1,
+                   thread_repeats=1, process_repeats=1, workers=(0, 2), check=False)  # few worker starts
 
 Key = tuple[str, str, int]  # (task, method, workers)
 
@@ -175,11 +184,12 @@ def _pool_group(session: Session, sizes: Sizes, results: dict[Key, list[Epoch]])
         dataset = pipeline.make_dataset(variant, n, side=sizes.side)
         order = epoch_order(n)
         loaders = {("serial", 0): partial(make_loader, "serial", dataset, 0, order)}
-        for w in WORKERS[1:]:
+        for w in (w for w in sizes.workers if w > 0):
             for method in ("pool imap", "minidl process"):
                 loaders[method, w] = partial(make_loader, method, dataset, w, order)
         reference = make_loader("serial", pipeline.make_dataset("loop", n, side=sizes.side), 0, order)
-        check(loaders, reference, f"pool, {variant}")
+        if sizes.check:
+            check(loaders, reference, f"pool, {variant}")
         _group(session, f"pool, {variant}", loaders, sizes.repeats, results, ("serial", 0), n)
 
 
@@ -189,8 +199,9 @@ def _vectorise_group(session: Session, sizes: Sizes, results: dict[Key, list[Epo
     datasets = {v: pipeline.make_dataset(v, n, side=sizes.side) for v in ("loop", "numpy", "batch", "numba")}
     datasets["numba"].warm_up()  # compiled (or loaded) here, before the workers fork: their copy is warm
     loaders = {(v, w): partial(make_loader, "serial" if w == 0 else "minidl process", d, w, order)
-               for v, d in datasets.items() for w in WORKERS}
-    check(loaders, make_loader("serial", datasets["loop"], 0, order), "vectorise")
+               for v, d in datasets.items() for w in sizes.workers}
+    if sizes.check:
+        check(loaders, make_loader("serial", datasets["loop"], 0, order), "vectorise")
     _group(session, "vectorise", loaders, sizes.repeats, results, ("loop", 0), n)
 
 
@@ -205,8 +216,9 @@ def _numba_group(session: Session, sizes: Sizes, results: dict[Key, list[Epoch]]
     }
     datasets[NUMBA_METHODS[3]].warm_up()  # only this one: the others' kernels never run in this process
     loaders = {(m, w): partial(make_loader, "minidl process", d, w, order) for m, d in datasets.items()}
-    check(loaders, make_loader("serial", pipeline.make_dataset("loop", n, side=sizes.side), 0, order),
-          "numba in workers")
+    if sizes.check:
+        check(loaders, make_loader("serial", pipeline.make_dataset("loop", n, side=sizes.side), 0, order),
+              "numba in workers")
     _group(session, "numba in workers", loaders, sizes.repeats, results, (NUMBA_METHODS[0], w), n)
 
 
@@ -282,6 +294,48 @@ def _threads_group(session: Session, sizes: Sizes, results: dict[Key, list[Epoch
             rate = [e.samples / e.seconds for e in epochs[1:]]
             session.record(task, method, timing([e.seconds for e in epochs]), size=side, workers=w, baseline=w == 0,
                            note=f"{n} samples; samples/s {statistics.median(rate):.4g}")
+
+
+# --- one group, live ---------------------------------------------------------------------------
+
+class _NoBar:
+    """Stands in for the progress bar when a group runs inside a notebook."""
+
+    total = 0
+
+    def refresh(self) -> None: ...
+    def set_postfix_str(self, what: str) -> None: ...
+    def update(self) -> None: ...
+    def write(self, message: str) -> None: ...
+
+
+GROUPS = ("pool", "vectorise", "numba", "numba per process", "threads")
+
+
+def measure(group: str, sizes: Sizes = LIVE) -> tuple[list[dict], list[dict]]:
+    """Run one group of the suite here and now; returns (rows, rounds), keyed as ``pipeline.csv`` and
+    ``pipeline_rounds.csv`` are, so notebook 11 reads this machine's figures as it reads the committed ones.
+    """
+    if group not in GROUPS:
+        raise ValueError(f"group should be one of {GROUPS}, but got group={group!r}")
+    session = Session("pipeline", quick=False, out=Path("."), bar=_NoBar())
+    results: dict[Key, list[Epoch]] = {}
+    if group == "pool":
+        _pool_group(session, sizes, results)
+    elif group == "vectorise":
+        _vectorise_group(session, sizes, results)
+    elif group == "numba":
+        _numba_group(session, sizes, results)
+    elif group == "numba per process":
+        _numba_per_process(session, sizes)
+    else:
+        _threads_group(session, sizes, results)
+    rows = [{"task": r.task, "method": r.method, "workers": r.workers, "size": r.size, "median_s": r.timing.median,
+             "min_s": r.timing.min, "max_s": r.timing.max} for r in session.rows]
+    rounds = [{"task": task, "method": method, "workers": workers, "round": r, "seconds": e.seconds,
+               "first_batch_s": e.first_batch, "samples": e.samples, "cpu_s": e.cpu}
+              for (task, method, workers), epochs in results.items() for r, e in enumerate(epochs)]
+    return rows, rounds
 
 
 # --- ratios ---------------------------------------------------------------------------------------

@@ -264,15 +264,18 @@ def collate_fn_for(dataset: Any) -> Callable:
 
 # --- multiprocessing.Pool as a loader ----------------------------------------------------------------------
 
-_pool_dataset: Any = None  # each Pool worker's copy of the dataset, set once by _pool_init
+_pool_dataset: Any = None  # each Pool worker's copy of the dataset, set once by init_worker
 
 
-def _pool_init(dataset: Any) -> None:
+def init_worker(dataset: Any) -> None:
+    """A Pool's ``initializer``: keep ``dataset`` in this worker, so that it is sent once, not with every task."""
     global _pool_dataset
     _pool_dataset = dataset
 
 
-def _pool_fetch(indices: Sequence[int], collate_fn: Callable) -> Any:
+def fetch(indices: Sequence[int], collate_fn: Callable | None = None) -> Any:
+    """A Pool's task: one batch of the worker's dataset (set by ``init_worker``), collated as a DataLoader would."""
+    collate_fn = collate_fn or collate_fn_for(_pool_dataset)
     return collate_fn([_pool_dataset[i] for i in indices])
 
 
@@ -286,7 +289,8 @@ def pool_loader(dataset: Any, batches: Sequence[Sequence[int]], processes: int,
     """Batches from a ``multiprocessing.Pool(processes).imap``, in order: the do-it-yourself DataLoader.
 
     The dataset reaches each worker once, through the Pool's initializer; each task is one batch of indices.
-    The Pool starts when iteration does and is terminated when it ends (or the generator is closed).
+    The Pool starts when iteration does; it is closed and joined when the epoch ends, terminated when
+    the generator is closed early.
     A Pool replaces a worker that dies but never re-sends its batch: without ``timeout`` (seconds per batch,
     then ``multiprocessing.TimeoutError``) the loop would wait for it forever.
 
@@ -295,7 +299,7 @@ def pool_loader(dataset: Any, batches: Sequence[Sequence[int]], processes: int,
     keeps the Pool safe to leave early: terminating it while its feeder is still pushing a long backlog
     into the workers' pipe can hang ``Pool.terminate()`` (seen here: the feeder stuck in ``put``).
     """
-    fetch = partial(_pool_fetch, collate_fn=collate_fn or collate_fn_for(dataset))
+    task = partial(fetch, collate_fn=collate_fn or collate_fn_for(dataset))
     slots = threading.Semaphore(2 * processes)  # tasks handed to the Pool and not yet consumed
     leaving = threading.Event()
 
@@ -308,15 +312,17 @@ def pool_loader(dataset: Any, batches: Sequence[Sequence[int]], processes: int,
                 return
             yield indices
 
-    with multiprocessing.Pool(processes, initializer=_pool_init, initargs=(dataset,)) as pool:
+    with multiprocessing.Pool(processes, initializer=init_worker, initargs=(dataset,)) as pool:
         try:
-            results = pool.imap(fetch, feed())
+            results = pool.imap(task, feed())
             for _ in range(len(batches)):
                 batch = results.next(timeout)
                 slots.release()
                 yield batch
         finally:
             leaving.set()  # the feeder stops within 0.05 s, before the Pool is terminated
+        pool.close()  # the normal path: every task is done, so the workers exit on their own
+        pool.join()  # (leaving early skips these two: the `with` block's terminate() ends the workers)
 
 
 def serial_loader(dataset: Any, batches: Sequence[Sequence[int]], collate_fn: Callable | None = None) -> Iterator:
