@@ -2,8 +2,9 @@
 
 A checker stops at the first case where the learner's answer and the expected one disagree, and raises
 AssertionError saying which case, what was expected, what came back and the likely cause. Expected values
-come from torch or from the spec, never from a reference answer (those live in ``minidl.course.solutions``,
-which no checker imports); ``Tripwire`` catches an answer that hands the work to the library's own version.
+come from torch or from the spec, never from a reference answer (those live in the repository's
+``tests/reference_answers/``, outside the installed package, and no checker imports them); ``refuse_reference``
+turns away an answer imported from there, and ``Tripwire`` one that hands the work to the library's own version.
 """
 
 from __future__ import annotations
@@ -126,6 +127,47 @@ class YourTurn(Exception):
     def _render_traceback_(self) -> list[str]:
         where = " (raised in a worker)" if str(self).startswith("Caught YourTurn") else ""
         return [f"YourTurn: {self.MESSAGE}{where}"]
+
+
+# --- refusing an imported reference answer ----------------------------------------------------------
+
+# Where the reference answers live: tests/reference_answers/ in the repository (never installed), and the
+# package they were in before (an old checkout may still have it).
+REFERENCE_MODULES = ("reference_answers", "minidl.course.solutions")
+
+
+class ReferenceAnswer(AssertionError):
+    """An answer imported from the reference answers: shown as one line in a notebook, not a traceback.
+
+    >>> ReferenceAnswer("reorder comes from reference_answers.ch05_reorder")._render_traceback_()
+    ['ReferenceAnswer: reorder comes from reference_answers.ch05_reorder']
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"ReferenceAnswer: {self}"]
+
+
+def _reference_module(answer: Any) -> str | None:
+    """The reference-answer module ``answer`` (or, for a class, one of its bases) was defined in, if any."""
+    for obj in getattr(answer, "__mro__", (answer,)):
+        module = getattr(obj, "__module__", None)
+        if isinstance(module, str) and any(module == ref or module.startswith(ref + ".") for ref in REFERENCE_MODULES):
+            return module
+    return None
+
+
+def refuse_reference(*answers: Any) -> None:
+    """Raise ReferenceAnswer, in one line, when an answer was imported from the reference answers.
+
+    It goes by the module a function or class says it was defined in: an answer typed (or pasted) into a
+    notebook cell, or into a file of the learner's own, is judged on what it does.
+    """
+    for answer in answers:
+        module = _reference_module(answer)
+        if module is not None:
+            name = getattr(answer, "__qualname__", None) or type(answer).__name__
+            raise ReferenceAnswer(f"{name} is the reference answer, imported from {module}: the checker judges "
+                                  "your own code, so write it in the cell above (the solution notebook explains one)")
 
 
 # --- catching an answer that delegates to the library --------------------------------------------

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from minidl.course.exercises._common import _Checks, _short, _torch
+from minidl.course.exercises._common import _Checks, _short, _torch, refuse_reference
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 
@@ -73,6 +73,7 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
     Each loader has its own slow sample; the checker times every sample itself and says what it measured.
     Raises AssertionError explaining the first mismatch; prints what it measured and ``All N checks passed``.
     """
+    refuse_reference(find_slow_sample)
     checks = _Checks()
     report = []
     for n, slow, batch_size, workers, shuffle in CASES:
