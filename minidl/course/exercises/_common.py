@@ -188,23 +188,40 @@ def codes_of(*targets: Any) -> list[CodeType]:
 
 
 class Tripwire:
-    """Notes, while active, every call of the given code objects, in this thread and in threads it starts.
+    """Notes, while active, every call of the given code objects: catches an answer that wraps the library.
 
     A profile hook sees each call whatever name the learner imported the function or class under, so a
     solution that only wraps the library's own implementation is caught however it reached it.
 
+    What it sees: calls of the watched Python code in this process while it is active, in this thread, in
+    threads started while it is active and, on Python 3.12+ (``threading.setprofile_all_threads``), in threads
+    that were already running. What it cannot see:
+
+    - threads already running when it starts, on Python 3.11 (no way to reach them there);
+    - other processes: a forked or spawned worker does not inherit the hook (the checkers run the learner's
+      code in this process, or in threads, for that reason);
+    - a copy of the library's code (its source pasted into a cell, then run): only the library's own code
+      objects are watched; and work done in C or compiled code (NumPy, torch's C++ kernels, Numba).
+
+    It clears itself on exit, also when the block raised: the hooks it replaced are put back, and a thread it
+    reached that is still running takes the hook off itself at its next call.
+
     >>> from minidl.sampler import BatchSampler
     >>> with Tripwire({code: "BatchSampler" for code in codes_of(BatchSampler)}) as wire:
     ...     _ = list(BatchSampler(range(4), 2, False))
-    >>> wire.hits
-    ['BatchSampler']
+    >>> wire.hits, sys.getprofile() is None
+    (['BatchSampler'], True)
     """
 
     def __init__(self, watched: dict[CodeType, str]) -> None:
         self.watched = watched
         self.hits: list[str] = []
+        self.active = False
 
     def _profile(self, frame, event: str, arg: Any) -> None:
+        if not self.active:  # a thread still running after __exit__: put back what threads had before
+            sys.setprofile(self._saved[1])
+            return
         if event == "call":
             name = self.watched.get(frame.f_code)
             if name is not None and name not in self.hits:
@@ -212,13 +229,23 @@ class Tripwire:
 
     def __enter__(self) -> Tripwire:
         self._saved = sys.getprofile(), threading.getprofile()
+        self.active = True
+        every_thread = getattr(threading, "setprofile_all_threads", None)  # Python 3.12+
+        if every_thread is not None:
+            every_thread(self._profile)  # running threads, and those started from now on
+        else:
+            threading.setprofile(self._profile)  # 3.11: only threads started from now on
         sys.setprofile(self._profile)
-        threading.setprofile(self._profile)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.active = False
+        every_thread = getattr(threading, "setprofile_all_threads", None)
+        if every_thread is not None:
+            every_thread(self._saved[1])
+        else:
+            threading.setprofile(self._saved[1])
         sys.setprofile(self._saved[0])
-        threading.setprofile(self._saved[1])
 
 
 def watch(label_targets: dict[str, tuple[Any, ...]]) -> dict[CodeType, str]:
