@@ -24,11 +24,18 @@ def ch01_measured(speedup=1.6, progress=0.8):
 
 
 @pytest.mark.timeout(60)
+def test_ch01_measure_runs_the_kernel_both_ways_and_gives_a_figure_per_round():
+    """What it measures depends on the machine's load: only its shape is asserted here."""
+    measured = ch01.measure(collatz_steps, rounds=2)
+    assert 0 <= measured.python_progress <= 1 and measured.work >= 1000
+    assert len(measured.speedups) in (1, 2) and all(s > 0 for s in measured.speedups)  # 1: judged GIL-holding
+
+
 def test_ch01_correct_solution_end_to_end(capsys):
-    measured = ch01.measure(collatz_steps)
-    ch01.check_nogil(collatz_steps, measured.speedup, measure=lambda k: measured)
+    """Every check of the kernel runs for real; the verdict on the figures comes from a scripted measurement."""
+    ch01.check_nogil(collatz_steps, 1.5, measure=lambda k: ch01_measured(1.6))
     out = capsys.readouterr().out
-    assert "Measured: a Python thread ran during" in out and "All 12 checks passed" in out
+    assert "Measured: a Python thread ran during 80%" in out and "All 12 checks passed" in out
 
 
 def test_ch01_judge_accepts_a_speedup_within_tolerance():

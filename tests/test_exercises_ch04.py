@@ -82,3 +82,27 @@ def returns_the_row(loader):
 ])
 def test_check_slow_sample_rejects_a_wrong_finder_and_says_why(wrong, message):
     rejects(check_slow_sample, wrong, message)
+
+
+@pytest.mark.parametrize("peek", [
+    lambda dataset: dataset.__dict__["slow_index"],
+    lambda dataset: vars(dataset)["slow_index"],
+    lambda dataset: dataset.slow_delay,
+], ids=["__dict__", "vars", "getattr"])
+def test_reading_the_secret_through_the_instance_dict_is_a_peek(peek):
+    def finds_it_by_peeking(loader):
+        for _ in loader:
+            pass
+        index = peek(loader.dataset)
+        return index if isinstance(index, int) else 0
+
+    rejects(check_slow_sample, finds_it_by_peeking, r"your function read the dataset's '(__dict__|slow_delay)'")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_sending_the_dataset_to_workers_is_not_a_peek(method):
+    loader = slow_loader(n=12, slow_index=7, num_workers=2)
+    loader.multiprocessing_context = method
+    assert find_slow_sample(loader) == 7
+    assert loader.dataset.peeks == []

@@ -36,7 +36,7 @@ def test_ch09_right_answer_passes_and_a_close_call_accepts_either(capsys):
 
 def test_ch09_cheat_same_answer_for_both_is_rejected():
     rejects_with_hint(ch09.judge, {"python_loop": "thread", "sleep_numpy": "thread"}, ch09_measured(loop=(0.5, 1.0)),
-            hint="holds the GIL")
+                      hint="holds the GIL")
 
 
 @pytest.mark.parametrize("answer, hint", [
@@ -51,4 +51,4 @@ def test_ch09_wrong_answers_are_rejected(answer, hint):
 
 def test_ch09_multiprocessing_for_the_sleep_workload_is_rejected():
     rejects_with_hint(ch09.judge, {"python_loop": "multiprocessing", "sleep_numpy": "multiprocessing"},
-            ch09_measured(loop=(0.5, 1.0), sleep=(0.2, 0.1)), hint="release the GIL")
+                      ch09_measured(loop=(0.5, 1.0), sleep=(0.2, 0.1)), hint="release the GIL")

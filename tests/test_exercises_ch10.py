@@ -5,6 +5,7 @@ reference answer and rejects typical wrong answers with the hint that names the 
 
 import pytest
 from exercise_support import (
+    ScriptedClock,
     learner_copy,
     rejects_with_hint,
 )
@@ -19,6 +20,23 @@ per_batch_seconds = learner_copy("ch10_overhead_ratio").per_batch_seconds
 
 def ch10_measured(ratio):
     return ch10.Measured([ratio * 1e-5] * 5, [1e-5] * 5)
+
+
+def test_ch10_measure_times_whole_epochs_and_divides_by_the_batches():
+    """The checker's own measurement, not the learner's formula: epoch seconds / batches, per round."""
+    clock = ScriptedClock([3.0, 1.5, 1.2, 3.3, 3.6, 1.2])  # minidl, torch, torch, minidl, minidl, torch
+    measured = ch10.measure(rounds=3, clock=clock)
+    per = ch10.BATCHES
+    assert measured.minidl == pytest.approx([3.0 / per, 3.3 / per, 3.6 / per])
+    assert measured.torch == pytest.approx([1.5 / per, 1.2 / per, 1.2 / per])
+    assert measured.ratio == pytest.approx(2.75)  # the median of 2.0, 2.75, 3.0
+
+
+def test_the_checker_carries_no_copy_of_the_answer():
+    import inspect
+
+    source = inspect.getsource(ch10)
+    assert "first = last = time.perf_counter()" not in source and "def reference_per_batch" not in source
 
 
 @pytest.mark.timeout(60)

@@ -7,6 +7,7 @@ import statistics
 import numpy as np
 import pytest
 from exercise_support import (
+    ScriptedClock,
     learner_copy,
     rejects_with_hint,
 )
@@ -24,11 +25,18 @@ def ch11_measured(workers=0.25, vectorised=0.01, batch_speedup=30.0):
 
 
 @pytest.mark.timeout(60)
-def test_ch11_correct_solution_end_to_end(capsys):
+def test_ch11_measure_times_both_epochs_each_round():
+    """What it measures depends on the machine's load: only its shape is asserted here."""
     measured = ch11.measure(transform_batch, rounds=2)
+    assert len(measured.workers) == len(measured.vectorised) == 2
+    assert all(t > 0 for t in measured.workers + measured.vectorised) and measured.batch_speedup > 0
+
+
+def test_ch11_correct_solution_end_to_end(capsys):
+    """Every check of the transform runs for real; the verdict on the figures comes from a scripted measurement."""
+    measured = ch11_measured()
     seconds = {"workers": statistics.median(measured.workers), "vectorised": statistics.median(measured.vectorised)}
-    choice = "vectorise" if measured.speedup > 1 else "workers"
-    ch11.check_decision(transform_batch, seconds, choice, measure=lambda f: measured)
+    ch11.check_decision(transform_batch, seconds, "vectorise", measure=lambda f: measured)
     assert "All 7 checks passed" in capsys.readouterr().out
 
 
@@ -37,9 +45,13 @@ def test_ch11_cheat_loop_over_the_per_sample_transform_is_rejected():
         return np.stack([ch11.per_sample_transform(image) for image in images])
 
     ch11.check_transform(cheat, ch11._Checks())  # right values: only its speed gives it away
-    assert ch11.batch_speedup(cheat) < ch11.MIN_VECTOR_SPEEDUP * 2  # what measure() would see: no real gain
+    # the loop and the cheat take about as long; batch_speedup is the ratio of their medians: 1.1, below the bar
+    loop, cheat_run = [1.1, 1.0, 1.2, 1.1, 1.1], [1.0] * 5
+    timed = [loop[0], cheat_run[0], cheat_run[1], loop[1], loop[2], cheat_run[2], cheat_run[3], loop[3], loop[4],
+             cheat_run[4]]  # interleaved's order: loop, batch, then batch, loop, ...
+    assert ch11.batch_speedup(cheat, clock=ScriptedClock(timed)) == pytest.approx(1.1)
     rejects_with_hint(ch11.judge, {"workers": 0.25, "vectorised": 0.2}, "vectorise", ch11_measured(0.25, 0.2, 1.1),
-            hint="not vectorised")
+                      hint="not vectorised")
 
 
 @pytest.mark.parametrize("wrong, hint", [
@@ -51,7 +63,7 @@ def test_ch11_cheat_loop_over_the_per_sample_transform_is_rejected():
 ])
 def test_ch11_wrong_transforms_are_rejected(wrong, hint):
     rejects_with_hint(ch11.check_decision, wrong, {"workers": 0.25, "vectorised": 0.01}, "vectorise",
-            measure=lambda f: pytest.fail("measured"), hint=hint)
+                      measure=lambda f: pytest.fail("measured"), hint=hint)
 
 
 @pytest.mark.parametrize("seconds, choice, hint", [

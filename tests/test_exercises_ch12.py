@@ -123,7 +123,7 @@ def test_ch12_num_workers_accepts_any_choice_within_tolerance():
 
 def test_ch12_num_workers_cheat_rule_of_thumb_is_rejected():
     rejects_with_hint(ch12.check_num_workers, os.cpu_count() * 4, SWEEP_TIMES, measure=lambda: pytest.fail("measured"),
-            hint="not from a rule of thumb")
+                      hint="not from a rule of thumb")
 
 
 @pytest.mark.parametrize("choice, sweep, hint", [
