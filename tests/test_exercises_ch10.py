@@ -22,14 +22,15 @@ def ch10_measured(ratio):
     return ch10.Measured([ratio * 1e-5] * 5, [1e-5] * 5)
 
 
-def test_ch10_measure_times_whole_epochs_and_divides_by_the_batches():
-    """The checker's own measurement, not the learner's formula: epoch seconds / batches, per round."""
-    clock = ScriptedClock([3.0, 1.5, 1.2, 3.3, 3.6, 1.2])  # minidl, torch, torch, minidl, minidl, torch
-    measured = ch10.measure(rounds=3, clock=clock)
-    per = ch10.BATCHES
-    assert measured.minidl == pytest.approx([3.0 / per, 3.3 / per, 3.6 / per])
-    assert measured.torch == pytest.approx([1.5 / per, 1.2 / per, 1.2 / per])
-    assert measured.ratio == pytest.approx(2.75)  # the median of 2.0, 2.75, 3.0
+def test_ch10_measure_takes_a_short_epoch_from_a_long_one_so_start_up_cancels():
+    """The checker's own measurement, not the learner's formula: (long epoch - short epoch) / the batches between."""
+    # interleaved's order: round 0 minidl-long, torch-long, minidl-short, torch-short; round 1 starts one later
+    clock = ScriptedClock([3.0, 1.5, 1.0, 0.5, 1.2, 1.1, 0.4, 3.3])
+    measured = ch10.measure(rounds=2, clock=clock)
+    between = ch10.BATCHES - ch10.BATCHES // 3
+    assert measured.minidl == pytest.approx([2.0 / between, 2.2 / between])
+    assert measured.torch == pytest.approx([1.0 / between, 0.8 / between])
+    assert measured.ratio == pytest.approx((2.0 + 2.75) / 2)  # the median of the per-round ratios 2.0 and 2.75
 
 
 def test_the_checker_carries_no_copy_of_the_answer():

@@ -160,7 +160,8 @@ def refuse_reference(*answers: Any) -> None:
     """Raise ReferenceAnswer, in one line, when an answer was imported from the reference answers.
 
     It goes by the module a function or class says it was defined in: an answer typed (or pasted) into a
-    notebook cell, or into a file of the learner's own, is judged on what it does.
+    notebook cell, or into a file of the learner's own, is judged on what it does. A function of one's own that
+    only calls the imported answer is not caught here (nor is a dict of settings, ch12's ``LOADER_KWARGS``).
     """
     for answer in answers:
         module = _reference_module(answer)
