@@ -27,7 +27,7 @@ def test_ch10_measure_takes_a_short_epoch_from_a_long_one_so_start_up_cancels():
     # interleaved's order: round 0 minidl-long, torch-long, minidl-short, torch-short; round 1 starts one later
     clock = ScriptedClock([3.0, 1.5, 1.0, 0.5, 1.2, 1.1, 0.4, 3.3])
     measured = ch10.measure(rounds=2, clock=clock)
-    between = ch10.BATCHES - ch10.BATCHES // 3
+    between = ch10.BATCHES - ch10.SHORT
     assert measured.minidl == pytest.approx([2.0 / between, 2.2 / between])
     assert measured.torch == pytest.approx([1.0 / between, 0.8 / between])
     assert measured.ratio == pytest.approx((2.0 + 2.75) / 2)  # the median of the per-round ratios 2.0 and 2.75

@@ -22,6 +22,7 @@ from minidl.course.exercises._measure import agrees, as_number, close, interleav
 from minidl.dataloader import DataLoader
 
 BATCHES = 3000
+SHORT = BATCHES // 10  # the short epoch: long - short leaves the per-batch cost, start-up cancelled
 ROUNDS = 7
 NAMES = ("minidl", "torch")
 RATIO_FACTOR = 1.5  # a reported ratio within this factor of the measured one is accepted
@@ -79,16 +80,15 @@ class Measured:
 def measure(rounds: int = ROUNDS, clock: Callable[[], float] = time.perf_counter) -> Measured:
     """Per-batch cost of minidl and torch, the checker's own way (not the one the learner is asked for).
 
-    Each round times, in rotating order after a warm-up, an epoch of ``BATCHES`` batches and one of a third as
-    many, of each loader; the difference over the batches between them is the per-batch cost, the start-up
-    (iterator creation, first batch) cancelled out.
+    Each round times, in rotating order after a warm-up, an epoch of ``BATCHES`` batches and one of ``SHORT``,
+    of each loader; the difference over the batches between them is the per-batch cost, the start-up (iterator
+    creation, first batch) cancelled out.
     """
-    short = BATCHES // 3
-    loaders = {size: make_loaders(size) for size in (BATCHES, short)}
+    loaders = {size: make_loaders(size) for size in (BATCHES, SHORT)}
     fns = {(name, size): (lambda loader=loaders[size][name]: epoch(loader)) for size in loaders for name in NAMES}
     times = interleaved(fns, rounds=rounds, clock=clock)
-    per_batch = {name: [(long - brief) / (BATCHES - short)
-                        for long, brief in zip(times[name, BATCHES], times[name, short])] for name in NAMES}
+    per_batch = {name: [(long - brief) / (BATCHES - SHORT)
+                        for long, brief in zip(times[name, BATCHES], times[name, SHORT])] for name in NAMES}
     return Measured(per_batch["minidl"], per_batch["torch"])
 
 
