@@ -154,10 +154,11 @@ def test_call_as_worker_answers_get_worker_info_for_that_worker_and_restores_it(
     assert torch.utils.data.get_worker_info() is None
 
 
-def test_your_turn_raised_in_a_worker_still_shows_as_its_message():
-    def unwritten(worker_id):
-        raise YourTurn()
+def unwritten(worker_id):  # at module level, so a spawned worker can import it
+    raise YourTurn()
 
+
+def test_your_turn_raised_in_a_worker_still_shows_as_its_message():
     with pytest.raises(YourTurn) as info:
         list(minidl.DataLoader(AugmentedDataset(4), num_workers=1, worker_init_fn=unwritten))
     assert info.value._render_traceback_() == [f"YourTurn: {YourTurn.MESSAGE} (raised in a worker)"]
