@@ -365,9 +365,10 @@ def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
             pass
 
 
-def measure_sweep(rounds: int = SWEEP_ROUNDS) -> dict[int, float]:
-    """The median epoch time for each ``num_workers`` in ``SWEEP``, in interleaved rounds."""
-    dataset = DecodeDataset()
+def measure_sweep(rounds: int = SWEEP_ROUNDS, dataset: Dataset | None = None) -> dict[int, float]:
+    """The median epoch time for each ``num_workers`` in ``SWEEP``, in interleaved rounds (of ``DecodeDataset()``
+    unless another ``dataset`` is given)."""
+    dataset = dataset or DecodeDataset()
     times = interleaved({w: (lambda w=w: sweep_epoch(w, dataset)) for w in SWEEP}, rounds=rounds)
     return {w: statistics.median(t) for w, t in times.items()}
 
