@@ -4,10 +4,12 @@ A checker runs the learner's answer on many seeded cases and stops at the first 
 AssertionError saying which case, what was expected, what came back and the likely cause; when every case
 passes it prints ``All N checks passed``. Expected values come from torch, from the spec, or from the
 checker's own measurement, never from a reference answer: those live in the solution notebooks (and, for
-the tests, in ``minidl.course.solutions``, which nothing here imports). Needs torch when a check runs.
+the tests, in the repository's ``tests/reference_answers/``, which is not installed and which nothing here
+imports). An answer imported from there is refused in one line (``ReferenceAnswer``). Needs torch when a check
+runs.
 """
 
-from minidl.course.exercises._common import YourTurn, first_difference
+from minidl.course.exercises._common import ReferenceAnswer, YourTurn, first_difference
 from minidl.course.exercises.ch01_nogil import check_nogil
 from minidl.course.exercises.ch02_sampler import check_sampler
 from minidl.course.exercises.ch03_collate import check_collate, make_token_samples
@@ -27,6 +29,7 @@ __all__ = [
     "Arrivals",
     "AugmentedDataset",
     "RecordingLoader",
+    "ReferenceAnswer",
     "SlowSampleDataset",
     "YourTurn",
     "call_as_worker",

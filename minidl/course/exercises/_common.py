@@ -2,8 +2,9 @@
 
 A checker stops at the first case where the learner's answer and the expected one disagree, and raises
 AssertionError saying which case, what was expected, what came back and the likely cause. Expected values
-come from torch or from the spec, never from a reference answer (those live in ``minidl.course.solutions``,
-which no checker imports); ``Tripwire`` catches an answer that hands the work to the library's own version.
+come from torch or from the spec, never from a reference answer (those live in the repository's
+``tests/reference_answers/``, outside the installed package, and no checker imports them); ``refuse_reference``
+turns away an answer imported from there, and ``Tripwire`` one that hands the work to the library's own version.
 """
 
 from __future__ import annotations
@@ -128,6 +129,48 @@ class YourTurn(Exception):
         return [f"YourTurn: {self.MESSAGE}{where}"]
 
 
+# --- refusing an imported reference answer ----------------------------------------------------------
+
+# Where the reference answers live: tests/reference_answers/ in the repository (never installed), and the
+# package they were in before (an old checkout may still have it).
+REFERENCE_MODULES = ("reference_answers", "minidl.course.solutions")
+
+
+class ReferenceAnswer(AssertionError):
+    """An answer imported from the reference answers: shown as one line in a notebook, not a traceback.
+
+    >>> ReferenceAnswer("reorder comes from reference_answers.ch05_reorder")._render_traceback_()
+    ['ReferenceAnswer: reorder comes from reference_answers.ch05_reorder']
+    """
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"ReferenceAnswer: {self}"]
+
+
+def _reference_module(answer: Any) -> str | None:
+    """The reference-answer module ``answer`` (or, for a class, one of its bases) was defined in, if any."""
+    for obj in getattr(answer, "__mro__", (answer,)):
+        module = getattr(obj, "__module__", None)
+        if isinstance(module, str) and any(module == ref or module.startswith(ref + ".") for ref in REFERENCE_MODULES):
+            return module
+    return None
+
+
+def refuse_reference(*answers: Any) -> None:
+    """Raise ReferenceAnswer, in one line, when an answer was imported from the reference answers.
+
+    It goes by the module a function or class says it was defined in: an answer typed (or pasted) into a
+    notebook cell, or into a file of the learner's own, is judged on what it does. A function of one's own that
+    only calls the imported answer is not caught here (nor is a dict of settings, ch12's ``LOADER_KWARGS``).
+    """
+    for answer in answers:
+        module = _reference_module(answer)
+        if module is not None:
+            name = getattr(answer, "__qualname__", None) or type(answer).__name__
+            raise ReferenceAnswer(f"{name} is the reference answer, imported from {module}: the checker judges "
+                                  "your own code, so write it in the cell above (the solution notebook explains one)")
+
+
 # --- catching an answer that delegates to the library --------------------------------------------
 
 
@@ -146,23 +189,40 @@ def codes_of(*targets: Any) -> list[CodeType]:
 
 
 class Tripwire:
-    """Notes, while active, every call of the given code objects, in this thread and in threads it starts.
+    """Notes, while active, every call of the given code objects: catches an answer that wraps the library.
 
     A profile hook sees each call whatever name the learner imported the function or class under, so a
     solution that only wraps the library's own implementation is caught however it reached it.
 
+    What it sees: calls of the watched Python code in this process while it is active, in this thread, in
+    threads started while it is active and, on Python 3.12+ (``threading.setprofile_all_threads``), in threads
+    that were already running. What it cannot see:
+
+    - threads already running when it starts, on Python 3.11 (no way to reach them there);
+    - other processes: a forked or spawned worker does not inherit the hook (the checkers run the learner's
+      code in this process, or in threads, for that reason);
+    - a copy of the library's code (its source pasted into a cell, then run): only the library's own code
+      objects are watched; and work done in C or compiled code (NumPy, torch's C++ kernels, Numba).
+
+    It clears itself on exit, also when the block raised: the hooks it replaced are put back, and a thread it
+    reached that is still running takes the hook off itself at its next call.
+
     >>> from minidl.sampler import BatchSampler
     >>> with Tripwire({code: "BatchSampler" for code in codes_of(BatchSampler)}) as wire:
     ...     _ = list(BatchSampler(range(4), 2, False))
-    >>> wire.hits
-    ['BatchSampler']
+    >>> wire.hits, sys.getprofile() is None
+    (['BatchSampler'], True)
     """
 
     def __init__(self, watched: dict[CodeType, str]) -> None:
         self.watched = watched
         self.hits: list[str] = []
+        self.active = False
 
     def _profile(self, frame, event: str, arg: Any) -> None:
+        if not self.active:  # a thread still running after __exit__: put back what threads had before
+            sys.setprofile(self._saved[1])
+            return
         if event == "call":
             name = self.watched.get(frame.f_code)
             if name is not None and name not in self.hits:
@@ -170,13 +230,23 @@ class Tripwire:
 
     def __enter__(self) -> Tripwire:
         self._saved = sys.getprofile(), threading.getprofile()
+        self.active = True
+        every_thread = getattr(threading, "setprofile_all_threads", None)  # Python 3.12+
+        if every_thread is not None:
+            every_thread(self._profile)  # running threads, and those started from now on
+        else:
+            threading.setprofile(self._profile)  # 3.11: only threads started from now on
         sys.setprofile(self._profile)
-        threading.setprofile(self._profile)
         return self
 
     def __exit__(self, *exc: Any) -> None:
+        self.active = False
+        every_thread = getattr(threading, "setprofile_all_threads", None)
+        if every_thread is not None:
+            every_thread(self._saved[1])
+        else:
+            threading.setprofile(self._saved[1])
         sys.setprofile(self._saved[0])
-        threading.setprofile(self._saved[1])
 
 
 def watch(label_targets: dict[str, tuple[Any, ...]]) -> dict[CodeType, str]:

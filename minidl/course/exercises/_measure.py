@@ -1,6 +1,9 @@
-"""What the measuring exercises (ch01, ch07, ch09, ch10, ch11, ch12) share: interleaved rounds and tolerant comparison.
+"""What the measuring exercises (ch01, ch07, ch09, ch10, ch11, ch12) share: one rhythm, interleaved rounds, and
+tolerant comparison.
 
-A measuring checker never trusts one timing: it runs the things it compares in rotating rounds (a, b, then b, a,
+Every measuring checker has the rhythm of ``measure_then_judge``: check the answer is right before anything is
+timed, measure, print what was measured, judge from the measurement alone. A measuring checker never trusts one
+timing: it runs the things it compares in rotating rounds (a, b, then b, a,
 ...) so that a burst of load on a busy machine hits both, and it compares medians of per-round ratios. Its
 verdict comes from a pure function of the learner's answer and the measurement, so tests can feed it fixed
 numbers; the measurement itself is passed in (``measure=``) or made by the checker.
@@ -12,11 +15,40 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+from minidl.course.exercises._common import _Checks, refuse_reference
+
+M = TypeVar("M")
 
 
-def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True) -> dict[str, list[float]]:
+def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], None], measure: Callable[[], M],
+                       report: Callable[[M], str], judge: Callable[[M, _Checks], None]) -> M:
+    """The measuring checkers' one rhythm; returns the measurement.
+
+    1. refuse an answer imported from the reference answers (``refuse_reference``);
+    2. ``check_first(checks)``: the answer's values, before anything is timed (a wrong answer is never timed);
+    3. ``measure()``: the checker's own measurement (a test or a notebook can pass fixed numbers instead);
+    4. print ``report(measured)``, so the learner sees what the verdict rests on;
+    5. ``judge(measured, checks)``: the verdict, a pure function of the answer and the measurement;
+    6. print ``All N checks passed``.
+    Each step raises AssertionError at the first problem, with a hint.
+    """
+    refuse_reference(*answers)
+    checks = _Checks()
+    check_first(checks)
+    measured = measure()
+    print(report(measured))
+    judge(measured, checks)
+    checks.done()
+    return measured
+
+
+def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
     """Seconds per call of each function, ``rounds`` times, the order rotating each round; one untimed warm-up.
+
+    ``clock`` reads the time (``time.perf_counter``; a test passes a scripted one).
 
     >>> times = interleaved({"a": lambda: None, "b": lambda: None}, rounds=3)
     >>> sorted(times), [len(v) for v in times.values()]
@@ -29,9 +61,9 @@ def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool 
     times: dict[str, list[float]] = {name: [] for name in names}
     for r in range(rounds):
         for name in names[r % len(names):] + names[: r % len(names)]:
-            start = time.perf_counter()
+            start = clock()
             fns[name]()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return times
 
 

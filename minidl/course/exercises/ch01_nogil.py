@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from minidl.course.exercises._common import _Checks
-from minidl.course.exercises._measure import agrees, as_number, close, interleaved
+from minidl.course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge
 
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
 ROUNDS = 5
@@ -128,15 +128,12 @@ def check_nogil(kernel: Callable[[int, int], Any], speedup: Any,
 
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
-    checks = _Checks()
-    check_output(kernel, checks)
-    measured = measure(kernel)
-    print(f"Measured: a Python thread ran during {measured.python_progress:.0%} of the kernel's run; "
-          f"two threads over one: {measured.speedup:.2f}x (median of {len(measured.speedups)} rounds, "
-          f"{measured.work:,} integers per thread)")
-    judge(kernel, speedup, measured, checks)
-    checks.done()
-    return measured
+    return measure_then_judge(
+        [kernel], lambda checks: check_output(kernel, checks), lambda: measure(kernel),
+        lambda measured: (f"Measured: a Python thread ran during {measured.python_progress:.0%} of the kernel's run; "
+                          f"two threads over one: {measured.speedup:.2f}x (median of {len(measured.speedups)} "
+                          f"rounds, {measured.work:,} integers per thread)"),
+        lambda measured, checks: judge(kernel, speedup, measured, checks))
 
 
 def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:

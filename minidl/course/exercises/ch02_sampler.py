@@ -12,7 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from minidl.course.exercises._common import Tripwire, _Checks, _loaders, _torch, _type_name, run_watched, watch
+from minidl.course.exercises._common import (
+    Tripwire,
+    _Checks,
+    _loaders,
+    _torch,
+    _type_name,
+    refuse_reference,
+    run_watched,
+    watch,
+)
 from minidl.course.exercises.ch03_collate import make_token_samples
 from minidl.sampler import BatchSampler
 
@@ -69,6 +78,7 @@ def check_sampler(sampler_cls: Callable[..., Any]) -> None:
     Compares ``len()`` and three epochs on each case, then the sampler inside minidl's and torch's
     DataLoader. Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
     """
+    refuse_reference(sampler_cls)
     torch = _torch()
     checks = _Checks()
     saved_rng = torch.get_rng_state()  # shuffling without a generator draws from the global RNG

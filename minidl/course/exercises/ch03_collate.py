@@ -19,6 +19,7 @@ from minidl.course.exercises._common import (
     _torch,
     _type_name,
     first_difference,
+    refuse_reference,
     run_watched,
     watch,
 )
@@ -88,6 +89,7 @@ def check_collate(collate_fn: Callable[[list[Sample]], Any]) -> None:
 
     Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
     """
+    refuse_reference(collate_fn)
     torch = _torch()
     checks = _Checks()
     for description, batch in _collate_cases():

@@ -11,18 +11,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from minidl.course.exercises._common import _Checks, _short, _torch
+from minidl.course.exercises._common import _Checks, _short, _torch, refuse_reference
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 
 SECRETS = ("slow_index", "slow_delay", "delay")  # what a dataset that knows it is slow would give away
+# ...and the instance's namespace, which holds them: `dataset.__dict__[...]`, vars(dataset) and dir(dataset)
+# all read it through __getattribute__.
+PEEKED_THROUGH = SECRETS + ("__dict__",)
 
 
 class SlowSampleDataset(Dataset):
     """Items ``0 .. n-1``; each takes ``delay`` seconds, except ``slow_index``, which takes ``slow_delay``.
 
-    Reading ``slow_index`` (or the delays) from outside is noted in ``peeks``: a real dataset doesn't know
-    which of its samples is slow, so an answer must come from measuring.
+    Reading ``slow_index`` (or the delays, or the instance ``__dict__`` that holds them) from outside is noted
+    in ``peeks``: a real dataset doesn't know which of its samples is slow, so an answer must come from
+    measuring. A tripwire for an honest shortcut, not a sandbox: ``object.__getattribute__`` or ``gc`` get past it.
     """
 
     def __init__(self, n: int, slow_index: int, delay: float = 0.002, slow_delay: float = 0.08) -> None:
@@ -30,9 +34,15 @@ class SlowSampleDataset(Dataset):
         self.peeks: list[str] = []
 
     def __getattribute__(self, name: str) -> Any:
-        if name in SECRETS:
+        if name in PEEKED_THROUGH:
             object.__getattribute__(self, "peeks").append(name)
         return object.__getattribute__(self, name)
+
+    def __reduce__(self) -> tuple:
+        # How a worker gets its copy (pickled under spawn): from the constructor's arguments, read as the
+        # dataset's own, so sending it to a worker is not a peek.
+        get = object.__getattribute__
+        return type(self), (get(self, "n"), get(self, "slow_index"), get(self, "delay"), get(self, "slow_delay"))
 
     def __len__(self) -> int:
         return object.__getattribute__(self, "n")
@@ -73,6 +83,7 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
     Each loader has its own slow sample; the checker times every sample itself and says what it measured.
     Raises AssertionError explaining the first mismatch; prints what it measured and ``All N checks passed``.
     """
+    refuse_reference(find_slow_sample)
     checks = _Checks()
     report = []
     for n, slow, batch_size, workers, shuffle in CASES:

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from minidl.course.exercises._common import Tripwire, _Checks, _short, _torch, run_watched, watch
+from minidl.course.exercises._common import Tripwire, _Checks, _short, _torch, refuse_reference, run_watched, watch
 
 
 class Arrivals:
@@ -86,6 +86,7 @@ def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]])
 
     Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
     """
+    refuse_reference(reorder)
     checks = _Checks()
     for order in _reorder_cases():
         case = f"arrival order {order}" if order else "no arrivals at all"

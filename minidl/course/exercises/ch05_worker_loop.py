@@ -24,6 +24,7 @@ from minidl.course.exercises._common import (
     _short,
     _torch,
     first_difference,
+    refuse_reference,
     run_watched,
     watch,
 )
@@ -96,6 +97,7 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     in two worker processes started with ``start_method`` (this platform's default if None). Raises
     AssertionError explaining the first mismatch; prints ``All N checks passed``.
     """
+    refuse_reference(worker_loop)
     checks = _Checks()
     _check_importable(worker_loop, checks)
     for description, dataset, collate_fn, tasks in _worker_cases():

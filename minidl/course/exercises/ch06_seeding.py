@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from minidl.course.exercises._common import Tripwire, _Checks, _loaders, _torch, run_watched, watch
+from minidl.course.exercises._common import Tripwire, _Checks, _loaders, _torch, refuse_reference, run_watched, watch
 from minidl.course.exercises.ch06_sharding import NONE_INFO, SeenInfo, as_worker
 from minidl.dataset import Dataset
 
@@ -109,6 +109,7 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
 
     Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
     """
+    refuse_reference(worker_init_fn)
     checks = _Checks()
     untouched = _draws(AugmentedDataset(8))  # what every worker draws without a fix
     for base_seed, num_workers in ((1234, 2), (98765, 3), (2**40 + 7, 2)):

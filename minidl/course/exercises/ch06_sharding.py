@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from minidl.course.exercises._common import Tripwire, _Checks, _loaders, run_watched, watch
+from minidl.course.exercises._common import Tripwire, _Checks, _loaders, refuse_reference, run_watched, watch
 
 
 def range_stream(start: int, end: int):
@@ -110,6 +110,7 @@ def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
 
     Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
     """
+    refuse_reference(worker_init_fn)
     checks = _Checks()
     for start, end, num_workers in _sharding_cases():
         _check_shards(worker_init_fn, start, end, num_workers, checks)

@@ -18,7 +18,7 @@ import numpy as np
 
 from minidl.course import pinning_demo
 from minidl.course.exercises._common import _Checks
-from minidl.course.exercises._measure import agrees, as_number, close, interleaved, median_ratio
+from minidl.course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge, median_ratio
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
 ROUNDS = 15
@@ -92,15 +92,12 @@ def check_pin_copy(pin_copy: Callable[..., np.ndarray], ratio: Any, reuse_pays: 
 
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
-    checks = _Checks()
-    check_copies(pin_copy, checks)
-    measured = measure(pin_copy)
-    print(f"Measured: pin_copy {np.median(measured.pinned) * 1e3:.3f} ms per {BATCH_BYTES >> 20} MiB batch, "
-          f"a copy into a reused buffer {np.median(measured.reused) * 1e3:.3f} ms; ratio {measured.ratio:.2f} "
-          f"(median of {len(measured.pinned)} rounds)")
-    judge(ratio, reuse_pays, measured, checks)
-    checks.done()
-    return measured
+    return measure_then_judge(
+        [pin_copy], lambda checks: check_copies(pin_copy, checks), lambda: measure(pin_copy),
+        lambda measured: (f"Measured: pin_copy {np.median(measured.pinned) * 1e3:.3f} ms per {BATCH_BYTES >> 20} MiB "
+                          f"batch, a copy into a reused buffer {np.median(measured.reused) * 1e3:.3f} ms; ratio "
+                          f"{measured.ratio:.2f} (median of {len(measured.pinned)} rounds)"),
+        lambda measured, checks: judge(ratio, reuse_pays, measured, checks))
 
 
 def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:

@@ -12,7 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from minidl.course.exercises._common import Tripwire, _Checks, _short, _torch, _type_name, run_watched, watch
+from minidl.course.exercises._common import (
+    Tripwire,
+    _Checks,
+    _short,
+    _torch,
+    _type_name,
+    refuse_reference,
+    run_watched,
+    watch,
+)
 from minidl.dataloader import DataLoader
 
 
@@ -91,6 +100,7 @@ def check_prefetcher(prefetcher: Callable[..., Iterable[Any]]) -> None:
     k + 1 (never k + 2) before handing out batch k. Then it runs over a ``minidl.DataLoader``. Raises
     AssertionError explaining the first mismatch; prints ``All N checks passed``.
     """
+    refuse_reference(prefetcher)
     checks = _Checks()
     for description, batches, mean, std in _prefetch_cases():
         _check_prefetch_case(prefetcher, description, batches, mean, std, checks)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from minidl.course.exercises._common import _Checks
-from minidl.course.exercises._measure import interleaved
+from minidl.course.exercises._measure import interleaved, measure_then_judge
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 
@@ -107,15 +107,14 @@ def check_choice(faster: Any, measure: Callable[[], Measured] = measure) -> Meas
 
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
-    checks = _Checks()
-    check_answer_shape(faster, checks)
-    measured = measure()
-    for name in WORKLOADS:
-        times = ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
-        print(f"Measured {name}: {times} per epoch (median of {len(measured.seconds[name][METHODS[0]])} rounds)")
-    judge(faster, measured, checks)
-    checks.done()
-    return measured
+    def report(measured: Measured) -> str:
+        return "\n".join(f"Measured {name}: "
+                         + ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
+                         + f" per epoch (median of {len(measured.seconds[name][METHODS[0]])} rounds)"
+                         for name in WORKLOADS)
+
+    return measure_then_judge([], lambda checks: check_answer_shape(faster, checks), measure, report,
+                              lambda measured, checks: judge(faster, measured, checks))
 
 
 def check_answer_shape(faster: Any, checks: _Checks) -> None:

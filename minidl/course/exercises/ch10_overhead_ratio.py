@@ -4,7 +4,8 @@ The learner writes ``per_batch_seconds(loader)``: one epoch, timed from the firs
 divided by the batches in between (so worker start and shutdown are left out). They time minidl's and torch's
 loader over a dataset that returns its index (the loaders' own cost, nothing else) in interleaved rounds and
 report the median of the per-round ratios minidl / torch. The checker checks the timing function on a loader
-whose timing it knows, re-measures the ratio and compares.
+whose timing it knows (``PacedLoader``), re-measures the ratio its own way (a long epoch minus a short one)
+and compares.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from typing import Any
 
 from minidl.course import toy
 from minidl.course.exercises._common import _Checks, _torch
-from minidl.course.exercises._measure import agrees, as_number, close
+from minidl.course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge
 from minidl.dataloader import DataLoader
 
 BATCHES = 3000
+SHORT = BATCHES // 10  # the short epoch: long - short leaves the per-batch cost, start-up cancelled
 ROUNDS = 7
+NAMES = ("minidl", "torch")
 RATIO_FACTOR = 1.5  # a reported ratio within this factor of the measured one is accepted
 
 
@@ -52,16 +55,10 @@ class PacedLoader:
         return self.batches
 
 
-def reference_per_batch(loader: Iterable) -> float:
-    """The checker's own timing: (last batch's arrival - first batch's) / batches in between."""
-    it = iter(loader)
-    next(it)
-    first = last = time.perf_counter()
-    n = 0
-    for _ in it:
-        last = time.perf_counter()
-        n += 1
-    return (last - first) / max(n, 1)
+def epoch(loader: Iterable) -> None:
+    """One pass over ``loader``, nothing done with the batches."""
+    for _ in loader:
+        pass
 
 
 @dataclass(frozen=True)
@@ -80,16 +77,19 @@ class Measured:
         return statistics.median(self.ratios)
 
 
-def measure(rounds: int = ROUNDS) -> Measured:
-    """Per-batch cost of minidl and torch, alternating which goes first each round, after a warm-up epoch each."""
-    loaders = make_loaders()
-    for loader in loaders.values():
-        reference_per_batch(loader)
-    times: dict[str, list[float]] = {"minidl": [], "torch": []}
-    for r in range(rounds):
-        for name in (("minidl", "torch") if r % 2 == 0 else ("torch", "minidl")):
-            times[name].append(reference_per_batch(loaders[name]))
-    return Measured(times["minidl"], times["torch"])
+def measure(rounds: int = ROUNDS, clock: Callable[[], float] = time.perf_counter) -> Measured:
+    """Per-batch cost of minidl and torch, the checker's own way (not the one the learner is asked for).
+
+    Each round times, in rotating order after a warm-up, an epoch of ``BATCHES`` batches and one of ``SHORT``,
+    of each loader; the difference over the batches between them is the per-batch cost, the start-up (iterator
+    creation, first batch) cancelled out.
+    """
+    loaders = {size: make_loaders(size) for size in (BATCHES, SHORT)}
+    fns = {(name, size): (lambda loader=loaders[size][name]: epoch(loader)) for size in loaders for name in NAMES}
+    times = interleaved(fns, rounds=rounds, clock=clock)
+    per_batch = {name: [(long - brief) / (BATCHES - SHORT)
+                        for long, brief in zip(times[name, BATCHES], times[name, SHORT])] for name in NAMES}
+    return Measured(per_batch["minidl"], per_batch["torch"])
 
 
 def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
@@ -98,15 +98,12 @@ def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
 
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
-    checks = _Checks()
-    check_timer(per_batch_seconds, checks)
-    measured = measure()
-    print(f"Measured: minidl {statistics.median(measured.minidl) * 1e6:.1f} µs per batch, torch "
-          f"{statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / torch {measured.ratio:.2f} "
-          f"(median of {len(measured.minidl)} per-round ratios)")
-    judge(ratio, measured, checks)
-    checks.done()
-    return measured
+    return measure_then_judge(
+        [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks), measure,
+        lambda measured: (f"Measured: minidl {statistics.median(measured.minidl) * 1e6:.1f} µs per batch, torch "
+                          f"{statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / torch "
+                          f"{measured.ratio:.2f} (median of {len(measured.minidl)} per-round ratios)"),
+        lambda measured, checks: judge(ratio, measured, checks))
 
 
 def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks) -> None:

@@ -11,6 +11,7 @@ transform (same values, and really vectorised), re-measures both epochs and comp
 from __future__ import annotations
 
 import statistics
+import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from minidl.course.exercises._common import _Checks
-from minidl.course.exercises._measure import agrees, as_number, close, interleaved
+from minidl.course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 
@@ -97,14 +98,15 @@ class Measured:
         return statistics.median(self.speedups)
 
 
-def batch_speedup(transform_batch: Callable[[np.ndarray], np.ndarray]) -> float:
+def batch_speedup(transform_batch: Callable[[np.ndarray], np.ndarray],
+                  clock: Callable[[], float] = time.perf_counter) -> float:
     """The per-sample loop over one batch of 32 images, over ``transform_batch`` on the same batch (medians of 5)."""
     batch = make_images(BATCH, seed=1)
 
     def loop() -> None:
         np.stack([per_sample_transform(image) for image in batch])
 
-    times = interleaved({"loop": loop, "batch": lambda: transform_batch(batch)}, rounds=5)
+    times = interleaved({"loop": loop, "batch": lambda: transform_batch(batch)}, rounds=5, clock=clock)
     return statistics.median(times["loop"]) / statistics.median(times["batch"])
 
 
@@ -124,17 +126,18 @@ def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds:
     ``seconds`` is ``{"workers": s, "vectorised": s}``, your epoch times; ``choice`` is "vectorise" or "workers".
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
-    checks = _Checks()
-    check_transform(transform_batch, checks)
-    check_answer_shape(seconds, choice, checks)
-    measured = measure(transform_batch)
-    print(f"Measured: an epoch of {IMAGES} images takes {statistics.median(measured.workers) * 1e3:.0f} ms with the "
-          f"per-sample transform in 2 workers, {statistics.median(measured.vectorised) * 1e3:.0f} ms vectorised "
-          f"with no workers ({measured.speedup:.1f}x); transform_batch is {measured.batch_speedup:.0f}x faster "
-          f"than the per-sample loop on one batch")
-    judge(seconds, choice, measured, checks)
-    checks.done()
-    return measured
+    def check_first(checks: _Checks) -> None:
+        check_transform(transform_batch, checks)
+        check_answer_shape(seconds, choice, checks)
+
+    return measure_then_judge(
+        [transform_batch], check_first, lambda: measure(transform_batch),
+        lambda measured: (f"Measured: an epoch of {IMAGES} images takes {statistics.median(measured.workers) * 1e3:.0f}"
+                          f" ms with the per-sample transform in 2 workers, "
+                          f"{statistics.median(measured.vectorised) * 1e3:.0f} ms vectorised with no workers "
+                          f"({measured.speedup:.1f}x); transform_batch is {measured.batch_speedup:.0f}x faster than "
+                          "the per-sample loop on one batch"),
+        lambda measured, checks: judge(seconds, choice, measured, checks))
 
 
 def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks: _Checks) -> None:

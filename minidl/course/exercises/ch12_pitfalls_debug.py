@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from minidl.course.exercises._common import _Checks
-from minidl.course.exercises._measure import interleaved
+from minidl.course.exercises._measure import interleaved, measure_then_judge
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 from minidl.worker import get_worker_info
@@ -119,14 +119,12 @@ def check_no_leak(dataset_cls: Callable[[int], Dataset],
 
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
-    checks = _Checks()
-    check_items(dataset_cls, checks)
-    measured = measure(dataset_cls)
-    print(f"Measured: over one epoch of {ITEMS:,} items with 2 forked workers, each worker's PSS grew by "
-          f"{measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with ListDataset")
-    judge_leak(dataset_cls, measured, checks)
-    checks.done()
-    return measured
+    return measure_then_judge(
+        [dataset_cls], lambda checks: check_items(dataset_cls, checks), lambda: measure(dataset_cls),
+        lambda measured: (f"Measured: over one epoch of {ITEMS:,} items with 2 forked workers, each worker's PSS "
+                          f"grew by {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with "
+                          "ListDataset"),
+        lambda measured, checks: judge_leak(dataset_cls, measured, checks))
 
 
 def check_items(dataset_cls: Callable[[int], Dataset], checks: _Checks) -> None:
@@ -278,14 +276,11 @@ def check_no_hang(loader_kwargs: Any, run: Callable[[Mapping[str, Any]], Outcome
 
     Runs it in a separate process under a timeout. Raises AssertionError with a hint if it hangs or fails.
     """
-    checks = _Checks()
-    check_kwargs(loader_kwargs, checks)
-    outcome = run(loader_kwargs)
-    print(f"Ran DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{loader_kwargs!r}) in a separate "
-          f"process: {outcome.status} after {outcome.seconds:.1f} s ({outcome.detail[:80]})")
-    judge_hang(loader_kwargs, outcome, checks)
-    checks.done()
-    return outcome
+    return measure_then_judge(
+        [], lambda checks: check_kwargs(loader_kwargs, checks), lambda: run(loader_kwargs),
+        lambda outcome: (f"Ran DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{loader_kwargs!r}) in a "
+                         f"separate process: {outcome.status} after {outcome.seconds:.1f} s ({outcome.detail[:80]})"),
+        lambda outcome, checks: judge_hang(loader_kwargs, outcome, checks))
 
 
 def check_kwargs(loader_kwargs: Any, checks: _Checks) -> None:
@@ -370,9 +365,10 @@ def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
             pass
 
 
-def measure_sweep(rounds: int = SWEEP_ROUNDS) -> dict[int, float]:
-    """The median epoch time for each ``num_workers`` in ``SWEEP``, in interleaved rounds."""
-    dataset = DecodeDataset()
+def measure_sweep(rounds: int = SWEEP_ROUNDS, dataset: Dataset | None = None) -> dict[int, float]:
+    """The median epoch time for each ``num_workers`` in ``SWEEP``, in interleaved rounds (of ``DecodeDataset()``
+    unless another ``dataset`` is given)."""
+    dataset = dataset or DecodeDataset()
     times = interleaved({w: (lambda w=w: sweep_epoch(w, dataset)) for w in SWEEP}, rounds=rounds)
     return {w: statistics.median(t) for w, t in times.items()}
 
@@ -383,16 +379,14 @@ def check_num_workers(num_workers: Any, sweep: Any, measure: Callable[[], dict[i
 
     ``sweep`` is your ``{num_workers: seconds}``. Prints what it measured. Raises AssertionError with a hint.
     """
-    checks = _Checks()
-    check_sweep_answer(num_workers, sweep, checks)
-    measured = measure()
-    best = min(measured, key=measured.get)
-    print("Measured epoch times: " + ", ".join(f"{w}: {s * 1e3:.0f} ms" for w, s in measured.items())
-          + f"; fastest num_workers={best}, and any within {TOLERANCE}x of it ({measured[best] * TOLERANCE * 1e3:.0f} "
-          "ms) is accepted")
-    judge_num_workers(num_workers, sweep, measured, checks)
-    checks.done()
-    return measured
+    def report(measured: dict[int, float]) -> str:
+        best = min(measured, key=measured.get)
+        return ("Measured epoch times: " + ", ".join(f"{w}: {s * 1e3:.0f} ms" for w, s in measured.items())
+                + f"; fastest num_workers={best}, and any within {TOLERANCE}x of it "
+                f"({measured[best] * TOLERANCE * 1e3:.0f} ms) is accepted")
+
+    return measure_then_judge([], lambda checks: check_sweep_answer(num_workers, sweep, checks), measure, report,
+                              lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
 
 
 def check_sweep_answer(num_workers: Any, sweep: Any, checks: _Checks) -> None:

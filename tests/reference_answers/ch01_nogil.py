@@ -1,4 +1,4 @@
-"""Reference answer to exercise ch01 (a GIL-releasing Numba kernel). Exercise notebooks never import this."""
+"""Reference answer to exercise ch01 (a GIL-releasing Numba kernel). Checkers refuse it imported."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference answers to exercise ch12 (pitfalls to debug). Exercise notebooks never import this."""
+"""Reference answers to exercise ch12 (pitfalls to debug). Checkers refuse it imported."""
 
 from __future__ import annotations
 

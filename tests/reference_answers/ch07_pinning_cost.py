@@ -1,4 +1,4 @@
-"""Reference answer to exercise ch07 (a fresh page-locked copy of a batch). Exercise notebooks never import this."""
+"""Reference answer to exercise ch07 (a fresh page-locked copy of a batch). Checkers refuse it imported."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Reference answer to exercise ch11 (a vectorised batch transform). Exercise notebooks never import this."""
+"""Reference answer to exercise ch11 (a vectorised batch transform). Checkers refuse it imported."""
 
 from __future__ import annotations
 

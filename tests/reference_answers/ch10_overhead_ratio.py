@@ -1,4 +1,4 @@
-"""Reference answer to exercise ch10 (per-batch time of a loader). Exercise notebooks never import this."""
+"""Reference answer to exercise ch10 (per-batch time of a loader). Checkers refuse it imported."""
 
 from __future__ import annotations
 

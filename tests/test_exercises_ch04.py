@@ -1,0 +1,108 @@
+"""The exercise checkers, ch04 (finding the slow sample in a trace): each passes a learner's copy of the reference
+answer and rejects typical wrong answers with the hint that names the mistake.
+"""
+
+import re
+
+import pytest
+from exercise_support import (
+    learner_copy,
+    rejects,
+)
+
+from minidl.course.exercises import (
+    check_slow_sample,
+    slow_loader,
+)
+
+find_slow_sample = learner_copy("ch04_slow_sample").find_slow_sample
+
+
+# --- check_slow_sample (ch04) ----------------------------------------------------------------------
+
+
+def _duration(row):
+    return row["end"] - row["start"]
+
+
+def test_check_slow_sample_accepts_the_reference_and_says_what_it_measured(capsys):
+    check_slow_sample(find_slow_sample)
+    out = capsys.readouterr().out
+    assert re.search(r"sample 17, \d+ ms \(median \d+\.\d ms\)", out), out
+    assert out.endswith("All 4 checks passed\n")
+
+
+def test_the_reference_finds_the_slow_sample_of_a_shuffled_loader_with_workers():
+    assert find_slow_sample(slow_loader(n=24, slow_index=11, num_workers=2, shuffle=True, seed=3)) == 11
+
+
+def reads_the_dataset(loader):
+    return loader.dataset.slow_index
+
+
+def slowest_batch(loader):
+    for _ in loader:
+        pass
+    return max((r for r in loader.trace.rows() if r["event"] == "fetch"), key=_duration)["batch"]
+
+
+def started_last(loader):
+    for _ in loader:
+        pass
+    return max((r for r in loader.trace.rows() if r["event"] == "getitem"), key=lambda r: r["start"])["index"]
+
+
+def assumes_sequential(loader):
+    for _ in loader:
+        pass
+    rows = [r for r in loader.trace.rows() if r["event"] == "getitem"]
+    slow = max(rows, key=_duration)
+    return slow["batch"] * loader.batch_size + [r for r in rows if r["batch"] == slow["batch"]].index(slow)
+
+
+def diagnoses_before_iterating(loader):
+    loader.trace.diagnose()
+    return 0
+
+
+def returns_the_row(loader):
+    for _ in loader:
+        pass
+    return max((r for r in loader.trace.rows() if r["event"] == "getitem"), key=_duration)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (reads_the_dataset, r"read the dataset's 'slow_index'.*find it there, by measuring"),
+    (slowest_batch, r"said sample 4, but I timed each of the 24 samples myself: sample 17 took \d+ ms.*number of "
+                    r"the batch"),
+    (started_last, r"said sample 23.*started last, it wasn't the slowest"),
+    (assumes_sequential, r"shuffle=True.*this loader shuffles: a sample's place in the epoch is not its index"),
+    (diagnoses_before_iterating, r"the trace is empty.*iterate over the loader"),
+    (returns_the_row, r"returned a dict.*as a plain int"),
+])
+def test_check_slow_sample_rejects_a_wrong_finder_and_says_why(wrong, message):
+    rejects(check_slow_sample, wrong, message)
+
+
+@pytest.mark.parametrize("peek", [
+    lambda dataset: dataset.__dict__["slow_index"],
+    lambda dataset: vars(dataset)["slow_index"],
+    lambda dataset: dataset.slow_delay,
+], ids=["__dict__", "vars", "getattr"])
+def test_reading_the_secret_through_the_instance_dict_is_a_peek(peek):
+    def finds_it_by_peeking(loader):
+        for _ in loader:
+            pass
+        index = peek(loader.dataset)
+        return index if isinstance(index, int) else 0
+
+    rejects(check_slow_sample, finds_it_by_peeking, r"your function read the dataset's '(__dict__|slow_delay)'")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_sending_the_dataset_to_workers_is_not_a_peek(method):
+    loader = slow_loader(n=12, slow_index=7, num_workers=2)
+    loader.multiprocessing_context = method
+    assert find_slow_sample(loader) == 7
+    assert loader.dataset.peeks == []

@@ -1,0 +1,87 @@
+"""The exercise checkers, ch07 (what pinning a fresh buffer costs): each passes a learner's copy of the reference
+answer and rejects typical wrong answers with the hint that names the mistake.
+"""
+
+
+import numpy as np
+import pytest
+from exercise_support import (
+    learner_copy,
+    rejects_with_hint,
+)
+
+from minidl.course import pinning_demo
+from minidl.course.exercises import ch07_pinning_cost as ch07
+from minidl.course.pinning_demo import FakePinnable
+
+pin_copy = learner_copy("ch07_pinning_cost").pin_copy
+
+
+# --- ch07: what page-locking a fresh buffer costs -------------------------------------------------
+
+
+def ch07_measured(ratio):
+    return ch07.Measured([ratio * 1e-4] * 5, [1e-4] * 5)
+
+
+@pytest.mark.timeout(60)
+def test_ch07_correct_solution_end_to_end(capsys):
+    measured = ch07.measure(pin_copy)
+    ch07.check_pin_copy(pin_copy, measured.ratio, measured.ratio > 1.3, measure=lambda f: measured)
+    assert "All 6 checks passed" in capsys.readouterr().out
+    assert pinning_demo.locked_bytes() in (0, None)  # every lock was released
+
+
+def test_ch07_judge_tolerance_and_band(capsys):
+    ch07.judge(4.0, True, ch07_measured(5.5))
+    ch07.judge(1.3, False, ch07_measured(1.3))
+    ch07.judge(1.3, True, ch07_measured(1.3))
+    assert "either answer is accepted" in capsys.readouterr().out
+
+
+def test_ch07_cheat_delegating_to_fake_pinnable_is_rejected():
+    def cheat(batch, lock_pages):
+        return FakePinnable(batch).pin_memory().value
+
+    rejects_with_hint(ch07.check_copies, cheat, ch07._Checks(), hint="Copying alone")
+
+
+_module_buffer = {}
+
+
+@pytest.mark.parametrize("wrong, hint", [
+    (lambda batch, lock: batch, "pinning copies"),
+    (lambda batch, lock: batch.astype(np.int16), "np.empty_like"),
+    (lambda batch, lock: _lock_the_batch(batch, lock), "not the batch"),
+    (lambda batch, lock: _reuse(batch, lock), "allocate it inside pin_copy"),
+])
+def test_ch07_wrong_copies_are_rejected(wrong, hint):
+    rejects_with_hint(ch07.check_pin_copy, wrong, 5.0, True, measure=lambda f: pytest.fail("measured"), hint=hint)
+
+
+def _lock_the_batch(batch, lock_pages):
+    with lock_pages(batch):
+        return batch.copy()
+
+
+def _reuse(batch, lock_pages):
+    out = _module_buffer.get(batch.shape)
+    if out is None:
+        out = _module_buffer[batch.shape] = np.empty_like(batch)
+    with lock_pages(out):
+        np.copyto(out, batch)
+    return out
+
+
+@pytest.mark.parametrize("ratio, reuse_pays, hint", [
+    (0.18, True, "divided the other way round"),
+    (1.0, True, "interleaved rounds"),
+    (5.0, False, "reusing pays"),
+    (5.0, "yes", "True or False"),
+])
+def test_ch07_wrong_conclusions_are_rejected(ratio, reuse_pays, hint):
+    rejects_with_hint(ch07.judge, ratio, reuse_pays, ch07_measured(5.5), hint=hint)
+
+
+def test_ch07_reuse_pays_true_is_rejected_when_fresh_is_as_cheap():
+    rejects_with_hint(ch07.judge, 1.05, True, ch07_measured(1.05), hint="answer False")

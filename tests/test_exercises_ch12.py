@@ -1,0 +1,147 @@
+"""The exercise checkers, ch12 (three pitfalls to debug): each passes a learner's copy of the reference answer and
+rejects typical wrong answers with the hint that names the mistake.
+"""
+
+import multiprocessing
+import os
+
+import numpy as np
+import psutil
+import pytest
+from exercise_support import (
+    learner_copy,
+    no_children_left,
+    rejects_with_hint,
+)
+
+from minidl.course.exercises import ch12_pitfalls_debug as ch12
+
+_ch12 = learner_copy("ch12_pitfalls_debug")
+ArrayDataset, LOADER_KWARGS = _ch12.ArrayDataset, _ch12.LOADER_KWARGS
+
+
+# --- ch12 part 1: copy-on-read -----------------------------------------------------------------------------
+
+
+class TupleDataset(ch12.ListDataset):
+    def __init__(self, n):
+        self.items = tuple(ch12.item_value(i) for i in range(n))
+
+
+class ObjectArrayDataset(ch12.ListDataset):
+    def __init__(self, n):
+        self.items = np.array([ch12.item_value(i) for i in range(n)], dtype=object)
+
+
+class IntegerDataset(ArrayDataset):
+    def __init__(self, n):
+        self.items = np.arange(n, dtype=np.float64)
+
+
+@pytest.mark.timeout(90)
+def test_ch12_leak_correct_solution_end_to_end(capsys):
+    measured = ch12.check_no_leak(ArrayDataset)
+    assert measured.yours < measured.buggy
+    assert "All 4 checks passed" in capsys.readouterr().out
+    assert no_children_left() == []
+
+
+def test_ch12_leak_cheat_the_buggy_dataset_under_another_name_is_rejected():
+    cheat = type("ArrayDataset", (ch12.ListDataset,), {})
+    rejects_with_hint(ch12.judge_leak, cheat, ch12.LeakMeasured(12.0, 12.5), hint="Python list or tuple")
+
+
+@pytest.mark.parametrize("wrong, growth, hint", [
+    (TupleDataset, 11.0, "Python list or tuple"),
+    (ObjectArrayDataset, 12.0, "dtype object"),
+    (IntegerDataset, 0.0, r"item 1 should be 0\.5"),
+])
+def test_ch12_leak_wrong_datasets_are_rejected(wrong, growth, hint):
+    rejects_with_hint(ch12.check_no_leak, wrong, measure=lambda cls: ch12.LeakMeasured(growth, 12.5), hint=hint)
+
+
+def test_ch12_leak_judge_accepts_small_growth():
+    ch12.judge_leak(ArrayDataset, ch12.LeakMeasured(0.5, 12.5))
+
+
+# --- ch12 part 2: a hang at fork ----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_ch12_hang_correct_fix_end_to_end(capsys):
+    outcome = ch12.check_no_hang(LOADER_KWARGS)
+    assert outcome.status == "ok"
+    assert "All 2 checks passed" in capsys.readouterr().out
+
+
+@pytest.mark.timeout(60)
+def test_ch12_the_buggy_loader_is_killed_with_its_workers():
+    outcome = ch12.run_locked_loader({}, timeout=6)
+    assert outcome.status == "hang", outcome
+    assert no_children_left() == []
+    assert not any("_run_locked_loader" in " ".join(p.info["cmdline"] or [])
+                   for p in psutil.process_iter(["cmdline"]) if p.pid != os.getpid())
+
+
+def test_ch12_hang_cheat_no_workers_is_rejected():
+    rejects_with_hint(ch12.check_no_hang, {"num_workers": 0}, run=lambda kw: pytest.fail("ran"), hint="keep two worker")
+
+
+@pytest.mark.parametrize("kwargs, outcome, hint", [
+    ({"multiprocessing_context": "fork"}, ch12.Outcome("hang", "killed"), "'fork' is the start method"),
+    ({"persistent_workers": True}, ch12.Outcome("hang", "killed"), "persistent workers are still forked"),
+    ({"timeout": 3}, ch12.Outcome("error", "RuntimeError: DataLoader timed out after 3 seconds"),
+     "a timeout turns the hang into an error"),
+    ({"pin_memory": True}, ch12.Outcome("hang", "killed"), "multiprocessing_context='spawn'"),
+])
+def test_ch12_hang_wrong_fixes_are_rejected(kwargs, outcome, hint):
+    rejects_with_hint(ch12.check_no_hang, kwargs, run=lambda kw: outcome, hint=hint)
+
+
+def test_ch12_hang_a_context_object_is_rejected():
+    rejects_with_hint(ch12.check_kwargs, {"multiprocessing_context": multiprocessing.get_context("spawn")},
+                      ch12._Checks(), hint="as a string")
+
+
+# --- ch12 part 3: how many workers ------------------------------------------------------------------------------
+
+SWEEP_TIMES = {0: 0.48, 1: 0.50, 2: 0.30, 3: 0.26, 4: 0.22, 6: 0.31}
+
+
+@pytest.mark.timeout(300)
+def test_ch12_measure_sweep_times_every_num_workers():
+    """What it measures depends on the machine's load: only its shape is asserted here (a short dataset, since
+    the sweep starts 16 workers, spawned ones under spawn)."""
+    measured = ch12.measure_sweep(rounds=1, dataset=ch12.DecodeDataset(n=8, wait=0.001, work=100))
+    assert sorted(measured) == sorted(ch12.SWEEP) and all(s > 0 for s in measured.values())
+
+
+def test_ch12_num_workers_correct_choice_end_to_end(capsys):
+    best = min(SWEEP_TIMES, key=SWEEP_TIMES.get)
+    ch12.check_num_workers(best, SWEEP_TIMES, measure=lambda: SWEEP_TIMES)
+    out = capsys.readouterr().out
+    assert "fastest num_workers=4" in out and "All 2 checks passed" in out
+
+
+def test_ch12_num_workers_accepts_any_choice_within_tolerance():
+    for w in (3, 4):
+        ch12.judge_num_workers(w, SWEEP_TIMES, SWEEP_TIMES)
+
+
+def test_ch12_num_workers_cheat_rule_of_thumb_is_rejected():
+    rejects_with_hint(ch12.check_num_workers, os.cpu_count() * 4, SWEEP_TIMES, measure=lambda: pytest.fail("measured"),
+                      hint="not from a rule of thumb")
+
+
+@pytest.mark.parametrize("choice, sweep, hint", [
+    (6, {**SWEEP_TIMES, 6: 0.20}, "more workers than cores"),
+    (0, {**SWEEP_TIMES, 0: 0.20}, "never overlap"),
+    (2, SWEEP_TIMES, "your own sweep says 4 workers"),
+    (1, {**SWEEP_TIMES, 1: 0.2}, "lowest point of your sweep"),
+])
+def test_ch12_num_workers_wrong_choices_are_rejected(choice, sweep, hint):
+    rejects_with_hint(ch12.judge_num_workers, choice, sweep, SWEEP_TIMES, hint=hint)
+
+
+def test_ch12_num_workers_sweep_must_cover_the_values():
+    rejects_with_hint(ch12.check_sweep_answer, 4, {4: 0.2}, ch12._Checks(), hint="the sweep you ran")
