@@ -360,12 +360,12 @@ class _BaseDataLoaderIter:
         self._persistent_workers = loader.persistent_workers
         self._num_yielded = 0
 
-    def __iter__(self):
-        return self
-
     def _draw_base_seed(self, loader: DataLoader) -> int:
         """The seed all workers' seeds derive from (``base_seed + worker_id``): one draw from the loader's generator."""
         return _random.draw_seed(loader.generator)
+
+    def __iter__(self):
+        return self
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         self._sampler_iter = iter(self._index_sampler)
@@ -470,9 +470,9 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     [pin_memory_thread: worker_result_queue -> pin -> data_queue, when pinning]
     #
     # Bookkeeping: task k is sent with _send_idx == k; _task_info[k] is (worker,) while in flight
-    # and (worker, batch) once it arrived early; _rcvd_idx is the next task to hand back. At most
-    # prefetch_factor * num_workers tasks are in flight; each batch handed back frees one slot.
-    # _receive() files each arriving message; _next_data and state_dict() both read through it.
+    # and (worker, batch) once it arrived (_receive() files every arrival there, in turn or early);
+    # _rcvd_idx is the next task to hand back. At most prefetch_factor * num_workers tasks are in
+    # flight; each batch handed back frees one slot.
     #
     # Shutdown protocol (_shutdown_workers), run on exhaustion, error, `del`, GC or exit:
     #   1. Mark the iterator shut down, so it runs once.
@@ -495,7 +495,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     - on a failed read: a worker that dies right after putting a batch leaves a handle to
     #       shared memory nobody can open, and the read fails (EOFError, ConnectionResetError).
     #       torch checks its workers then, but a worker not yet reaped still looks alive, and the
-    #       raw error escapes (torch 2.13: 3 runs in 10 here). minidl joins its workers briefly
+    #       raw error escapes (torch 2.13: 11 runs in 50 here, see the README). minidl joins its workers briefly
     #       first, so the dead one is seen and named every time (scripts/fault_loop.py counts);
     #     - while waiting: every MP_STATUS_CHECK_INTERVAL seconds the main process checks them.
     #     The iterator then shuts down and raises the same error on every later next(): its
@@ -604,7 +604,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         super()._reset(loader, first_iter)
         self._send_idx = 0  # idx of the next task to be sent to workers
         self._rcvd_idx = 0  # idx of the next task to be returned in __next__
-        self._task_info = {}  # task idx -> (worker_id,) in flight, or (worker_id, data) arrived early
+        self._task_info = {}  # task idx -> (worker_id,) in flight, or (worker_id, data) once it arrived
         self._tasks_outstanding = 0  # tasks sent whose answer has not been received yet
         self._workers_status = [True] * self._num_workers  # False once a worker is told to stop
         self._workers_num_tasks = [0] * self._num_workers  # tasks in flight per worker
@@ -667,28 +667,6 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             if success:
                 return data
 
-    def _receive(self):
-        """Take one message off the data queue and file it: torch's ``_next_data`` does this inline.
-
-        A batch goes into ``_task_info`` beside its worker; an exhausted replica's worker stops
-        getting tasks. A message that answers no task (a layer's own, see minidl/state.py) is
-        returned untouched, so a layer waiting for one still files the batches arriving meanwhile.
-        """
-        idx, data = self._get_data()
-        if not isinstance(idx, int):
-            return idx, data
-        self._tasks_outstanding -= 1
-        if isinstance(data, _IterableDatasetStopIteration):
-            # This replica is exhausted: stop sending it work (but keep persistent ones).
-            if self._persistent_workers:
-                self._workers_status[data.worker_id] = False
-            else:
-                self._mark_worker_as_unavailable(data.worker_id)
-            self._try_put_index()
-        else:
-            self._task_info[idx] += (data,)
-        return idx, data
-
     def _next_data(self):
         if self._failure is not None:
             raise RuntimeError(self._failure)
@@ -717,16 +695,40 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 self._rcvd_idx += 1
                 return self._process_data(data, worker_id, self._rcvd_idx - 1)
 
-            assert not self._shutdown and self._tasks_outstanding > 0
+            if self._shutdown or self._tasks_outstanding <= 0:  # torch's check and words
+                raise AssertionError("Invalid iterator state: shutdown or no outstanding tasks when fetching next data")
             idx, data = self._receive()
             if not self._in_order and idx != self._rcvd_idx and len(self._task_info.get(idx, ())) == 2:
                 worker_id, data = self._task_info.pop(idx)  # out of order: hand it back at once
                 return self._process_data(data, worker_id, idx)
 
+    def _receive(self):
+        """Take one message off the data queue and file it: torch's ``_next_data`` does this inline.
+
+        A batch goes into ``_task_info`` beside its worker; an exhausted replica's worker stops
+        getting tasks. A message that answers no task (a layer's own, see minidl/state.py) is
+        returned untouched, so a layer waiting for one still files the batches arriving meanwhile.
+        """
+        idx, data = self._get_data()
+        if not isinstance(idx, int):
+            return idx, data
+        self._tasks_outstanding -= 1
+        if isinstance(data, _IterableDatasetStopIteration):
+            # This replica is exhausted: stop sending it work (but keep persistent ones).
+            if self._persistent_workers:
+                self._workers_status[data.worker_id] = False
+            else:
+                self._mark_worker_as_unavailable(data.worker_id)
+            self._try_put_index()
+        else:
+            self._task_info[idx] += (data,)
+        return idx, data
+
     def _try_put_index(self) -> None:
         """Send the next batch of indices to the next active worker, round-robin."""
         max_tasks = self._prefetch_factor * self._num_workers
-        assert self._tasks_outstanding < max_tasks
+        if self._tasks_outstanding >= max_tasks:
+            raise AssertionError("Number of outstanding tasks exceeded maximum allowed tasks")
         try:
             index = self._next_index()
         except StopIteration:
@@ -758,10 +760,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
 
     def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
         # Send the sentinel so the worker exits its loop (a dead one just never reads it).
-        assert self._workers_status[worker_id] or (self._persistent_workers and shutdown)
+        if not self._workers_status[worker_id] and not self._persistent_workers and not shutdown:
+            raise AssertionError("Worker status inconsistent when marking worker as unavailable")
         self._index_queues[worker_id].put(None)
         self._workers_status[worker_id] = False
-        assert self._workers_done_event.is_set() == shutdown
+        if self._workers_done_event.is_set() != shutdown:
+            raise AssertionError("_workers_done_event state does not match shutdown flag")
 
     def _shutdown_workers(self) -> None:
         # See NOTE [ Worker queues and shutdown ] for the numbered steps.

@@ -354,3 +354,29 @@ def test_iterable_resume_keeps_the_batches_of_a_worker_whose_end_already_arrived
     resumed = make()
     resumed.load_state_dict(state)
     assert first + as_text(resumed) == full
+
+
+@pytest.mark.parametrize("worker_method, num_workers", [("multiprocessing", 0), ("multiprocessing", 2), ("thread", 2)])
+def test_resume_and_tracing_compose(worker_method, num_workers):
+    # Both layers on: the resumed loader gives the uninterrupted run's batches, and its trace records exactly
+    # those, numbered as in the uninterrupted epoch (7 batches; the first 3 were had before the checkpoint).
+    dataset = toy.WorkerRandomDataset(14) if worker_method == "thread" else toy.GlobalRandomDataset(14)
+
+    def make():
+        return minidl.DataLoader(dataset, batch_size=2, shuffle=True, num_workers=num_workers, stateful=True,
+                                 trace=True, worker_method=worker_method, generator=torch.Generator().manual_seed(3))
+
+    full, _ = interrupted_equals_uninterrupted(make, cut=3)
+    seed_everything(0)  # as the uninterrupted run: the main process's streams feed num_workers=0
+    loader = make()
+    it = iter(loader)
+    [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    seed_everything(12345)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert as_text(resumed) == full[3:]
+    events = resumed.trace.events
+    assert sorted(e["batch"] for e in events if e["event"] == "yield") == [3, 4, 5, 6]
+    assert {e["batch"] for e in events if e["event"] == "fetch"} == {3, 4, 5, 6}
