@@ -76,7 +76,7 @@ class DataLoader(Generic[_T_co]):
     minidl's additions: ``worker_method`` runs the ``num_workers`` workers as processes
     (``"multiprocessing"``, torch's only choice) or as threads (``"thread"``); ``trace=True`` records
     every step of every batch into ``loader.trace`` (a ``minidl.trace.Trace``); ``stateful=True``
-    lets workers keep what ``state_dict()`` needs to resume mid-epoch (see minidl/state.py).
+    makes it resumable mid-epoch with ``state_dict()``/``load_state_dict()`` (see minidl/state.py).
     """
 
     def __init__(

@@ -262,3 +262,22 @@ def test_the_iterators_invariant_checks_raise_under_python_O_as_torchs_do():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, env=env, timeout=100)
     assert out.stdout.splitlines() == ["Number of outstanding tasks exceeded maximum allowed tasks"] * 2, out.stderr
+
+
+def test_only_dataloader_py_names_the_optional_layers():
+    # Tracing and resume are layers chosen in DataLoader._get_iterator: no other loader file imports them,
+    # so the loader's files and trace.py/state.py form no import circle.
+    import ast
+    from pathlib import Path
+
+    package = Path(minidl.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        if path.stem in ("dataloader", "trace", "state"):
+            continue
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+        assert not imported & {"minidl.trace", "minidl.state"}, f"{path.name} imports a layer"
