@@ -1,8 +1,10 @@
 """DataLoader: sampler -> indices -> fetch -> collate -> batch, in one process or across workers.
 
-Mirrors ``torch/utils/data/dataloader.py``. The single-process iterator is the whole idea in a
-dozen lines; the multi-worker iterator adds queues, a reorder buffer and a shutdown protocol
-(see the NOTE below). Workers are processes by default, or threads with ``worker_method="thread"``.
+Mirrors ``torch/utils/data/dataloader.py``. The single-process iterator is the whole idea: sample,
+fetch, collate (and pin); the multi-worker iterator adds queues, a reorder buffer and a shutdown
+protocol (see the NOTE below). Workers are processes by default, or threads with
+``worker_method="thread"``. minidl's optional layers, tracing (minidl/trace.py) and resume
+(minidl/state.py), are iterator subclasses chosen in ``DataLoader._get_iterator``.
 """
 
 from __future__ import annotations
@@ -29,17 +31,6 @@ from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
 from minidl.fetch import _DatasetKind
 from minidl.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
-from minidl.state import (
-    LoaderState,
-    _len_or_none,
-    _StateRequest,
-    capture_generators,
-    capture_worker_state,
-    generator_kinds,
-    generators_of,
-    replaying,
-    restore_worker_state,
-)
 from minidl.worker import (
     _IterableDatasetStopIteration,
     _ResumeIteration,
@@ -53,7 +44,6 @@ __all__ = ["DataLoader", "get_worker_info", "default_collate", "default_convert"
 
 _T_co = TypeVar("_T_co", covariant=True)
 WORKER_METHODS = ("multiprocessing", "thread")
-_END = object()  # marks an exhausted iterator without catching StopIteration
 
 
 class _InfiniteConstantSampler(Sampler):
@@ -86,7 +76,7 @@ class DataLoader(Generic[_T_co]):
     minidl's additions: ``worker_method`` runs the ``num_workers`` workers as processes
     (``"multiprocessing"``, torch's only choice) or as threads (``"thread"``); ``trace=True`` records
     every step of every batch into ``loader.trace`` (a ``minidl.trace.Trace``); ``stateful=True``
-    lets workers keep what ``state_dict()`` needs to resume mid-epoch (see minidl/state.py).
+    makes it resumable mid-epoch with ``state_dict()``/``load_state_dict()`` (see minidl/state.py).
     """
 
     def __init__(
@@ -209,10 +199,24 @@ class DataLoader(Generic[_T_co]):
         self.stateful = stateful
         self._IterableDataset_len_called = None  # len(self) as reported, to warn on overrun
         self._iterator = None  # kept between epochs only with persistent_workers
-        self._last_iterator = None  # weak reference to the newest iterator, for state_dict()
-        self._resume_state = None  # set by load_state_dict(), used by the next iterator
+        self._last_iterator = None  # stateful=True: a weak reference to the newest iterator, for state_dict()
+        self._resume_state = None  # stateful=True: set by load_state_dict(), taken by the next iterator
         self.__initialized = True
         self.check_worker_number_rationality()
+
+    def _get_iterator(self) -> _BaseDataLoaderIter:
+        single, multi = _SingleProcessDataLoaderIter, _MultiProcessingDataLoaderIter
+        if self.trace is not None:  # minidl's tracing layer: the same iterators, each step recorded
+            from minidl.trace import _TracedMultiProcessingDataLoaderIter as multi
+            from minidl.trace import _TracedSingleProcessDataLoaderIter as single
+        if self.stateful:  # minidl's resume layer, on top of tracing when both are on
+            from minidl.state import stateful_iterator
+
+            single, multi = stateful_iterator(single), stateful_iterator(multi)
+        if self.num_workers == 0:
+            return single(self)
+        self.check_worker_number_rationality()
+        return multi(self)
 
     @property
     def multiprocessing_context(self):
@@ -260,42 +264,6 @@ class DataLoader(Generic[_T_co]):
             return self._iterator
         return self._get_iterator()
 
-    def _get_iterator(self):
-        single, multi = _SingleProcessDataLoaderIter, _MultiProcessingDataLoaderIter
-        if self.trace is not None:  # minidl's tracing layer: the same iterators, each step recorded
-            from minidl.trace import _TracedMultiProcessingDataLoaderIter as multi
-            from minidl.trace import _TracedSingleProcessDataLoaderIter as single
-        if self.num_workers == 0:
-            it = single(self)
-        else:
-            self.check_worker_number_rationality()
-            it = multi(self)
-        self._last_iterator = weakref.ref(it)
-        return it
-
-    def state_dict(self) -> dict:
-        """Where this loader stands mid-epoch; ``load_state_dict`` on a fresh loader resumes right there.
-
-        Resumes the same batches in the same order with the same random streams in every worker,
-        for map-style datasets and for IterableDatasets that have ``state_dict``/``load_state_dict``.
-        Needs ``stateful=True`` when ``num_workers > 0``, and ``in_order=True``. With
-        ``num_workers=0`` the dataset draws from the global random streams, which are saved too.
-        """
-        if self._resume_state is not None:  # loaded and not iterated yet: still the point to resume from
-            return self._resume_state.to_dict()
-        it = self._last_iterator() if self._last_iterator is not None else None
-        if it is None or it._exhausted:  # between epochs: the next one starts from here
-            return _loader_state(self, it, tasks_done=0).to_dict()
-        return it._state_dict(self).to_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        """Make the next ``iter(loader)`` continue where ``state`` (from ``state_dict``) stopped."""
-        resume = LoaderState.from_dict(state, self)  # ValueError, naming the key, if it doesn't fit
-        if self._iterator is not None:  # persistent workers of an older epoch: start afresh
-            self._iterator._shutdown_workers()
-            self._iterator = None
-        self._resume_state = resume
-
     @property
     def _auto_collation(self) -> bool:
         return self.batch_sampler is not None
@@ -330,6 +298,22 @@ class DataLoader(Generic[_T_co]):
                 stacklevel=2,
             )
 
+
+    def state_dict(self) -> dict:
+        """Where this loader stands, mid-epoch or between epochs; ``load_state_dict`` resumes right there.
+
+        minidl's addition (torchdata's ``StatefulDataLoader`` has the same pair); needs
+        ``DataLoader(..., stateful=True)``. See minidl/state.py.
+        """
+        from minidl.state import loader_state_dict
+
+        return loader_state_dict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Make the next ``iter(loader)`` continue where ``state`` (from ``state_dict``) stopped."""
+        from minidl.state import load_loader_state
+
+        load_loader_state(self, state)
 
 def _mp_module():
     """torch.multiprocessing when torch is installed (tensors then travel in shared memory)."""
@@ -371,47 +355,21 @@ class _BaseDataLoaderIter:
                             f"generator={loader.generator!r} of type {type(loader.generator).__name__}")
         # Order matters for reproducing torch: the sampler iterator is created (lazily, it
         # draws nothing yet) and then base_seed is drawn from the loader's generator.
-        self._resumed, loader._resume_state = loader._resume_state, None
-        self._generators = generators_of(loader)
-        self._epoch_draws_base_seed = True  # persistent workers' later epochs reuse the first base_seed
-        if self._resumed is None:
-            self._generator_states = capture_generators(self._generators)  # for state_dict()
-            self._sampler_iter = iter(self._index_sampler)
-            self._base_seed = _random.draw_seed(loader.generator)
-        else:
-            self._resume_sampler(loader, self._resumed)
+        self._sampler_iter = iter(self._index_sampler)
+        self._base_seed = self._draw_base_seed(loader)
         self._persistent_workers = loader.persistent_workers
-        self._num_yielded = self._resumed.num_yielded if self._resumed else 0
-        self._exhausted = False
+        self._num_yielded = 0
+
+    def _draw_base_seed(self, loader: DataLoader) -> int:
+        """The seed all workers' seeds derive from (``base_seed + worker_id``): one draw from the loader's generator."""
+        return _random.draw_seed(loader.generator)
 
     def __iter__(self):
         return self
 
-    def _resume_sampler(self, loader: DataLoader, state: LoaderState) -> None:
-        """Replay the epoch's opening draws from the saved generator states, then skip what was consumed."""
-        self._generator_states = state.generators
-        with replaying(self._generators, self._generator_states):
-            self._sampler_iter = iter(self._index_sampler)
-            drawn = _random.draw_seed(loader.generator) if state.draws_base_seed else None
-            self._base_seed = drawn if state.base_seed is None else state.base_seed
-            if self._num_workers > 0:  # the multi-worker _reset makes it again, as torch does
-                self._sampler_iter = iter(self._index_sampler)
-            for _ in range(state.tasks_done):
-                next(self._sampler_iter, None)
-            # If the saved iterator had already drawn its permutation (workers prefetch at once;
-            # one process draws at the first batch), draw it now, while the generators are replayed.
-            if self._num_workers > 0 or state.tasks_done > 0:
-                first = next(self._sampler_iter, _END)
-                self._sampler_iter = iter(()) if first is _END else itertools.chain([first], self._sampler_iter)
-
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
-        if not (first_iter and self._resumed is not None):  # a resumed iterator's sampler is ready
-            if not first_iter:  # a new epoch on persistent workers: its draws start from here
-                self._generator_states = capture_generators(self._generators)
-                self._epoch_draws_base_seed = False
-            self._sampler_iter = iter(self._index_sampler)
-            self._num_yielded = 0
-        self._exhausted = False
+        self._sampler_iter = iter(self._index_sampler)
+        self._num_yielded = 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
 
     def _next_index(self):
@@ -421,11 +379,7 @@ class _BaseDataLoaderIter:
         raise NotImplementedError
 
     def __next__(self):
-        try:
-            data = self._next_data()
-        except StopIteration:
-            self._exhausted = True
-            raise
+        data = self._next_data()
         self._num_yielded += 1
         if (
             self._dataset_kind == _DatasetKind.Iterable
@@ -466,12 +420,9 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
         super().__init__(loader)
         if self._timeout != 0:
             raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
-        main_state = self._resumed.main if self._resumed is not None else None
-        if main_state is not None:  # the global streams and the dataset as they were when saved
-            restore_worker_state(main_state, None, self._dataset)
+        if self._num_workers != 0:
+            raise AssertionError("_SingleProcessDataLoaderIter requires num_workers == 0")
         self._dataset_fetcher = self._create_fetcher()
-        if main_state is not None and main_state["ended"]:
-            self._dataset_fetcher.ended = True
 
     def _create_fetcher(self):
         return _DatasetKind.create_fetcher(
@@ -486,12 +437,6 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
 
             data = pin_memory(data, self._pin_memory_device)
         return data
-
-    def _state_dict(self, loader: DataLoader) -> LoaderState:
-        dataset = self._dataset if self._dataset_kind == _DatasetKind.Iterable else None
-        main = capture_worker_state(None, dataset)
-        main["ended"] = getattr(self._dataset_fetcher, "ended", False)  # see _worker_loop's snapshot
-        return _loader_state(loader, self, tasks_done=self._num_yielded, main=main)
 
 
 # Iterators with live workers, shut down at interpreter exit before multiprocessing's own exit
@@ -525,9 +470,9 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     [pin_memory_thread: worker_result_queue -> pin -> data_queue, when pinning]
     #
     # Bookkeeping: task k is sent with _send_idx == k; _task_info[k] is (worker,) while in flight
-    # and (worker, batch) once it arrived early; _rcvd_idx is the next task to hand back. At most
-    # prefetch_factor * num_workers tasks are in flight; each batch handed back frees one slot.
-    # _receive() files each arriving message; _next_data and state_dict() both read through it.
+    # and (worker, batch) once it arrived (_receive() files every arrival there, in turn or early);
+    # _rcvd_idx is the next task to hand back. At most prefetch_factor * num_workers tasks are in
+    # flight; each batch handed back frees one slot.
     #
     # Shutdown protocol (_shutdown_workers), run on exhaustion, error, `del`, GC or exit:
     #   1. Mark the iterator shut down, so it runs once.
@@ -550,7 +495,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     - on a failed read: a worker that dies right after putting a batch leaves a handle to
     #       shared memory nobody can open, and the read fails (EOFError, ConnectionResetError).
     #       torch checks its workers then, but a worker not yet reaped still looks alive, and the
-    #       raw error escapes (torch 2.13: 3 runs in 10 here). minidl joins its workers briefly
+    #       raw error escapes (torch 2.13: 11 runs in 50 here, see the README). minidl joins its workers briefly
     #       first, so the dead one is seen and named every time (scripts/fault_loop.py counts);
     #     - while waiting: every MP_STATUS_CHECK_INTERVAL seconds the main process checks them.
     #     The iterator then shuts down and raises the same error on every later next(): its
@@ -575,7 +520,6 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         super().__init__(loader)
         self._prefetch_factor = loader.prefetch_factor
         self._in_order = loader.in_order
-        self._snapshots = loader.stateful
         if self._prefetch_factor <= 0:
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         if self._worker_method == "thread":
@@ -594,12 +538,6 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         for i in range(self._num_workers):
             index_queue = context.Queue()
             index_queue.cancel_join_thread()  # main puts here; never block exit on its feeder
-            options = _WorkerOptions(
-                worker_method=self._worker_method,
-                trace=loader.trace is not None,
-                snapshots=self._prefetch_factor * self._num_workers + 1 if self._snapshots else 0,
-                resume_state=self._resumed.worker_state(i) if self._resumed is not None else None,
-            )
             w = context.Process(
                 target=_worker_loop,
                 args=(
@@ -616,7 +554,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     i,
                     self._num_workers,
                     self._persistent_workers,
-                    options,
+                    self._worker_options(i),
                 ),
                 name=f"minidl_worker_{i}",
             )
@@ -644,6 +582,10 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             _atexit_registered = True
         self._reset(loader, first_iter=True)
 
+    def _worker_options(self, worker_id: int) -> _WorkerOptions:
+        """minidl's additions to a worker's arguments; a layer (trace.py, state.py) adds its worker side here."""
+        return _WorkerOptions(worker_method=self._worker_method)
+
     def _start_pin_memory_thread(self, in_queue, out_queue) -> threading.Thread:
         from minidl.pin_memory import _pin_memory_loop
 
@@ -662,14 +604,11 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         super()._reset(loader, first_iter)
         self._send_idx = 0  # idx of the next task to be sent to workers
         self._rcvd_idx = 0  # idx of the next task to be returned in __next__
-        self._task_info = {}  # task idx -> (worker_id,) in flight, or (worker_id, data) arrived early
+        self._task_info = {}  # task idx -> (worker_id,) in flight, or (worker_id, data) once it arrived
         self._tasks_outstanding = 0  # tasks sent whose answer has not been received yet
         self._workers_status = [True] * self._num_workers  # False once a worker is told to stop
-        self._ended_at = {}  # worker id -> (task idx of its StopIteration, its snapshots) this epoch
         self._workers_num_tasks = [0] * self._num_workers  # tasks in flight per worker
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
-        if first_iter and self._resumed is not None:
-            self._resume_dispatch(self._resumed)
         if not first_iter:
             # Persistent workers: tell each one a new epoch begins and wait for every ack, so no
             # stale result from the last epoch can be mistaken for one of this epoch.
@@ -681,56 +620,6 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     acks -= 1  # anything else is a stale result of the last epoch: dropped
         for _ in range(self._prefetch_factor * self._num_workers):
             self._try_put_index()
-
-    def _resume_dispatch(self, state: LoaderState) -> None:
-        """Continue task numbering and round-robin exactly where the saved iterator stood."""
-        self._send_idx = self._rcvd_idx = state.tasks_done
-        for worker_id, ended in enumerate(state.workers_ended or ()):
-            if ended:  # its IterableDataset replica had run out
-                self._workers_status[worker_id] = False
-                if not self._persistent_workers:
-                    self._index_queues[worker_id].put(None)
-        for _ in range(state.next_worker or 0):  # the next dispatch goes to next_worker
-            next(self._worker_queue_idx_cycle)
-
-    def _ask_workers_for_state(self, k: int) -> dict[int, dict]:
-        """Each active worker's state just before its first task numbered ``k`` or later."""
-        if not self._in_order:
-            raise ValueError("state_dict() needs in_order=True: out of order, what comes next is not reproducible")
-        if self._shutdown:
-            raise RuntimeError("this iterator's workers are shut down (an error or a timeout): nothing to save")
-        if not self._snapshots:
-            raise RuntimeError("state_dict() with workers needs DataLoader(..., stateful=True), so each worker "
-                               "keeps the random state it had before each batch")
-        if self._worker_method == "thread" and self._dataset_kind == _DatasetKind.Iterable:
-            raise ValueError("state_dict() can't save an IterableDataset shared by thread workers: their "
-                             "replicas are one object; use worker_method='multiprocessing'")
-        pending = {i for i, active in enumerate(self._workers_status) if active}
-        for i in pending:
-            self._index_queues[i].put(_StateRequest(k))
-        states = {}
-        while pending:
-            idx, data = self._receive()  # batches in flight are filed as the loop would file them
-            if isinstance(idx, _StateRequest):
-                worker_id, state = data
-                states[worker_id] = state
-                pending.discard(worker_id)
-        return states
-
-    def _state_dict(self, loader: DataLoader) -> LoaderState:
-        """Where this epoch stands: the workers' states before the first batch not handed out yet."""
-        k = self._rcvd_idx
-        states = self._ask_workers_for_state(k)
-        for worker_id, (end_idx, snapshots) in self._ended_at.items():
-            # Its end has arrived but the consumer hasn't reached it: batches it sent before are still to come,
-            # so it resumes from its state before the first of them. Only an end before the cut ends it.
-            if end_idx >= k and snapshots is not None:
-                states[worker_id] = snapshots.answer(_StateRequest(k), current={"ended": True})
-        return _loader_state(
-            loader, self, tasks_done=k, workers=[states.get(i) for i in range(self._num_workers)],
-            workers_ended=[i not in states or states[i]["ended"] for i in range(self._num_workers)],
-            next_worker=self._task_info[k][0] if k in self._task_info else None,
-        )
 
     def _try_get_data(self, timeout: float = MP_STATUS_CHECK_INTERVAL):
         """One bounded wait on the data queue: (True, data), or (False, None) if nothing came."""
@@ -778,28 +667,6 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             if success:
                 return data
 
-    def _receive(self):
-        """Take one message off the data queue and file it, for ``_next_data`` and ``state_dict()`` alike.
-
-        A batch goes into ``_task_info`` beside its worker; an exhausted replica's worker stops
-        getting tasks. A worker's answer to a ``_StateRequest`` is returned untouched.
-        """
-        idx, data = self._get_data()
-        if isinstance(idx, _StateRequest):
-            return idx, data
-        self._tasks_outstanding -= 1
-        if isinstance(data, _IterableDatasetStopIteration):
-            self._ended_at[data.worker_id] = (idx, data.snapshots)  # for state_dict(): see _state_dict
-            # This replica is exhausted: stop sending it work (but keep persistent ones).
-            if self._persistent_workers:
-                self._workers_status[data.worker_id] = False
-            else:
-                self._mark_worker_as_unavailable(data.worker_id)
-            self._try_put_index()
-        else:
-            self._task_info[idx] += (data,)
-        return idx, data
-
     def _next_data(self):
         if self._failure is not None:
             raise RuntimeError(self._failure)
@@ -828,16 +695,40 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 self._rcvd_idx += 1
                 return self._process_data(data, worker_id, self._rcvd_idx - 1)
 
-            assert not self._shutdown and self._tasks_outstanding > 0
+            if self._shutdown or self._tasks_outstanding <= 0:  # torch's check and words
+                raise AssertionError("Invalid iterator state: shutdown or no outstanding tasks when fetching next data")
             idx, data = self._receive()
             if not self._in_order and idx != self._rcvd_idx and len(self._task_info.get(idx, ())) == 2:
                 worker_id, data = self._task_info.pop(idx)  # out of order: hand it back at once
                 return self._process_data(data, worker_id, idx)
 
+    def _receive(self):
+        """Take one message off the data queue and file it: torch's ``_next_data`` does this inline.
+
+        A batch goes into ``_task_info`` beside its worker; an exhausted replica's worker stops
+        getting tasks. A message that answers no task (a layer's own, see minidl/state.py) is
+        returned untouched, so a layer waiting for one still files the batches arriving meanwhile.
+        """
+        idx, data = self._get_data()
+        if not isinstance(idx, int):
+            return idx, data
+        self._tasks_outstanding -= 1
+        if isinstance(data, _IterableDatasetStopIteration):
+            # This replica is exhausted: stop sending it work (but keep persistent ones).
+            if self._persistent_workers:
+                self._workers_status[data.worker_id] = False
+            else:
+                self._mark_worker_as_unavailable(data.worker_id)
+            self._try_put_index()
+        else:
+            self._task_info[idx] += (data,)
+        return idx, data
+
     def _try_put_index(self) -> None:
         """Send the next batch of indices to the next active worker, round-robin."""
         max_tasks = self._prefetch_factor * self._num_workers
-        assert self._tasks_outstanding < max_tasks
+        if self._tasks_outstanding >= max_tasks:
+            raise AssertionError("Number of outstanding tasks exceeded maximum allowed tasks")
         try:
             index = self._next_index()
         except StopIteration:
@@ -869,10 +760,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
 
     def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
         # Send the sentinel so the worker exits its loop (a dead one just never reads it).
-        assert self._workers_status[worker_id] or (self._persistent_workers and shutdown)
+        if not self._workers_status[worker_id] and not self._persistent_workers and not shutdown:
+            raise AssertionError("Worker status inconsistent when marking worker as unavailable")
         self._index_queues[worker_id].put(None)
         self._workers_status[worker_id] = False
-        assert self._workers_done_event.is_set() == shutdown
+        if self._workers_done_event.is_set() != shutdown:
+            raise AssertionError("_workers_done_event state does not match shutdown flag")
 
     def _shutdown_workers(self) -> None:
         # See NOTE [ Worker queues and shutdown ] for the numbered steps.
@@ -926,27 +819,3 @@ def _raise_if_out_of_file_descriptors() -> None:
                 "`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of your code"
             ) from None
 
-
-def _loader_state(loader: DataLoader, it: _BaseDataLoaderIter | None, tasks_done: int, **extra) -> LoaderState:
-    """The one place a LoaderState is built: from an iterator mid-epoch, or between epochs.
-
-    Between epochs (no iterator, or an exhausted one) the next epoch's draws start from the
-    generators as they are now; persistent workers keep their base_seed and their streams.
-    """
-    between = it is None or it._exhausted
-    persistent = between and it is not None and it is loader._iterator
-    if between:
-        generators, base_seed, draws = capture_generators(generators_of(loader)), None, True
-        if persistent:  # the workers carry their random streams into the next epoch
-            workers = it._ask_workers_for_state(it._rcvd_idx)
-            extra.update(workers=[workers.get(i) for i in range(loader.num_workers)],
-                         workers_ended=[False] * loader.num_workers)
-            base_seed, draws = it._base_seed, False
-    else:
-        generators, base_seed, draws = it._generator_states, it._base_seed, it._epoch_draws_base_seed
-    return LoaderState(num_workers=loader.num_workers, worker_method=loader.worker_method,
-                       dataset_len=_len_or_none(loader.dataset), batch_size=loader.batch_size,
-                       sampler=type(loader.sampler).__name__, tasks_done=tasks_done,
-                       num_yielded=0 if between else it._num_yielded, generators=generators,
-                       generator_kinds=generator_kinds(generators_of(loader)), base_seed=base_seed,
-                       draws_base_seed=draws, **extra)

@@ -84,7 +84,7 @@ class _DatasetKind:
 
     @staticmethod
     def create_fetcher(
-        kind: int, dataset: Any, auto_collation: bool, collate_fn: Callable, drop_last: bool, recorder=None
+        kind: int, dataset: Any, auto_collation: bool, collate_fn: Callable, drop_last: bool
     ) -> _BaseDatasetFetcher:
         """The fetcher for ``kind``, built for ``dataset``.
 
@@ -92,10 +92,6 @@ class _DatasetKind:
         >>> fetcher.fetch([0, 2, 4])
         ['a', 'c', 'e']
         """
-        if recorder is not None:  # minidl's tracing layer: the same fetchers, each step recorded
-            from minidl.trace import traced_fetcher
-
-            return traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder)
         if kind == _DatasetKind.Map:
             return _MapDatasetFetcher(dataset, auto_collation, collate_fn, drop_last)
         return _IterableDatasetFetcher(dataset, auto_collation, collate_fn, drop_last)

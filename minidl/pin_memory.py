@@ -61,13 +61,13 @@ def _pin_memory_loop(in_queue, out_queue, done_event, device: str | None) -> Non
             r = in_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)
         except queue.Empty:
             continue
-        idx, data, *events = r  # a traced batch carries its events too (minidl/trace.py)
+        idx, data = r
         if not done_event.is_set() and not isinstance(data, ExceptionWrapper):
             try:
                 data = pin_memory(data, device)
             except Exception:
                 data = ExceptionWrapper(where="in pin memory thread")
-            r = (idx, data, *events)
+            r = (idx, data)
         while not done_event.is_set():
             try:
                 out_queue.put(r, timeout=MP_STATUS_CHECK_INTERVAL)

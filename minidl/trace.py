@@ -13,6 +13,7 @@ recorded in worker processes and in the main process share one time axis.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -114,7 +115,7 @@ class _TracedIterableDatasetFetcher(_IterableDatasetFetcher):
 
 
 def traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder: Recorder):
-    """The fetcher ``_DatasetKind.create_fetcher`` builds when the DataLoader traces."""
+    """The fetcher a traced iterator (or a traced worker) uses: the same fetcher, each step recorded."""
     cls = _TracedMapDatasetFetcher if kind == _DatasetKind.Map else _TracedIterableDatasetFetcher
     return cls(dataset, auto_collation, collate_fn, drop_last, recorder)
 
@@ -140,7 +141,7 @@ class _TracedResultQueue:
 
     def put(self, r) -> None:
         idx, data = r
-        if isinstance(idx, int):  # a batch: acks and state answers travel as they are
+        if isinstance(idx, int):  # a batch: acks and other control answers travel as they are
             self.recorder.instant("put", idx)
             r = (idx, data, self.recorder.take())
         self.queue.put(r)
@@ -149,32 +150,51 @@ class _TracedResultQueue:
         return getattr(self.queue, name)
 
 
-class _TracedPinInQueue(_TracedTaskQueue):
-    """The pin thread's input: notes when it took each batch."""
+class _TracedWorker:
+    """The worker side of tracing, handed to each worker in ``_WorkerOptions.layers``.
+
+    In the worker it makes a recorder, traced queues that note each task and ship its events with
+    the batch (a third element the traced iterator's ``_get_data`` takes off), and a traced fetcher.
+    """
+
+    def __call__(self, worker_id: int, index_queue, data_queue, create_fetcher):
+        recorder = Recorder(f"worker {worker_id}")
+
+        def create_traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last):
+            return traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder)
+
+        return _TracedTaskQueue(index_queue, recorder), _TracedResultQueue(data_queue, recorder), create_traced_fetcher
+
+
+class _TracedPinInQueue:
+    """The pin thread's input: takes a traced batch's events off (the pin loop sees ``(idx, data)``), notes the time."""
+
+    def __init__(self, queue, recorder: Recorder) -> None:
+        self.queue, self.recorder = queue, recorder
 
     def get(self, timeout=None):
         r = self.queue.get(timeout=timeout)
-        self.recorder.batch = (r[0], now())
+        if len(r) == 3:  # (idx, batch, its events so far)
+            self.recorder.batch = (r[0], now(), r[2])
+            return r[:2]
+        self.recorder.batch = None
         return r
 
 
-class _TracedPinOutQueue(_TracedResultQueue):
-    """The pin thread's output: adds its "pin" span to the batch's events."""
+class _TracedPinOutQueue:
+    """The pin thread's output: puts the batch's events back, with its "pin" span added."""
+
+    def __init__(self, queue, recorder: Recorder) -> None:
+        self.queue, self.recorder = queue, recorder
 
     def put(self, r, timeout=None) -> None:
-        idx, data, *events = r
-        if events and self.recorder.batch is not None:
-            batch, start = self.recorder.batch
-            self.recorder.batch = None  # once, even if the put is retried
+        if self.recorder.batch is not None:  # the out queue is unbounded: each put succeeds at once
+            batch, start, events = self.recorder.batch
+            self.recorder.batch = None
             self.recorder.add("pin", batch, start, now())
-            events[0].extend(self.recorder.take())
-        self.queue.put((idx, data, *events), timeout=timeout)
-
-
-def traced_worker_queues(index_queue, data_queue, worker_id: int):
-    """What ``_worker_loop`` uses instead of its queues when the DataLoader traces, and the recorder."""
-    recorder = Recorder(f"worker {worker_id}")
-    return _TracedTaskQueue(index_queue, recorder), _TracedResultQueue(data_queue, recorder), recorder
+            events.extend(self.recorder.take())
+            r = (*r, events)
+        self.queue.put(r, timeout=timeout)
 
 
 class _TracedIterMixin:
@@ -226,6 +246,10 @@ class _TracedSingleProcessDataLoaderIter(_TracedIterMixin, _SingleProcessDataLoa
 
 class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDataLoaderIter):
     """Records each send and receive; workers record their own steps and ship them with each batch."""
+
+    def _worker_options(self, worker_id: int):
+        options = super()._worker_options(worker_id)
+        return dataclasses.replace(options, layers=(*options.layers, _TracedWorker()))
 
     def _start_pin_memory_thread(self, in_queue, out_queue):
         recorder = Recorder("pin")  # a "pin" span: from taking a batch off in_queue to putting it on out_queue

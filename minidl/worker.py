@@ -20,12 +20,14 @@ import numpy as np
 from minidl import _random
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 from minidl.fetch import _DatasetKind
-from minidl.state import WorkerSnapshots, _StateRequest, capture_worker_state, restore_worker_state
 
 
 @dataclass(frozen=True, slots=True)
 class _RNG:
-    """A thread worker's own random streams, as torch 2.13's ``_RNG``: threads share the global ones."""
+    """A thread worker's own random streams, as torch 2.13's ``_RNG``: threads share the global ones.
+
+    torch 2.13 defines this container but starts no thread workers itself.
+    """
 
     random_generator: random.Random
     torch_generator: Any  # a torch.Generator, or None where torch is not installed
@@ -57,14 +59,9 @@ def get_worker_info() -> WorkerInfo | None:
 
 @dataclass(frozen=True)
 class _IterableDatasetStopIteration:
-    """Sent by a worker whose IterableDataset replica is exhausted.
-
-    With ``stateful=True`` it carries the worker's recent snapshots: the worker gets no more requests, yet
-    ``state_dict()`` may still need its state before a batch it sent that the consumer has not taken.
-    """
+    """Sent by a worker whose IterableDataset replica is exhausted."""
 
     worker_id: int
-    snapshots: WorkerSnapshots | None = None
 
 
 @dataclass(frozen=True)
@@ -135,7 +132,6 @@ def _seed_worker(base_seed: int, worker_id: int, worker_method: str) -> tuple[in
     streams exactly as torch does. Thread workers share those globals with each other and the
     main thread, so they leave them alone: each gets its own three generators, seeded from the same
     numbers (``seed`` for ``random`` and torch, the four words of ``_generate_state`` for NumPy).
-    torch 2.13 defines this container but starts no thread workers itself.
     """
     seed = base_seed + worker_id
     np_state = _generate_state(base_seed, worker_id)
@@ -224,12 +220,16 @@ def _untell_torch() -> None:
 
 @dataclass(frozen=True)
 class _WorkerOptions:
-    """What minidl's worker needs beyond torch's parameters (torch's 14th is IterDataPipe's shared_seed)."""
+    """What minidl's worker needs beyond torch's parameters (torch's 14th is IterDataPipe's shared_seed).
+
+    ``layers`` are the worker sides of minidl's optional layers (tracing, resume), given by the iterator
+    that chose them: each is called in the worker as ``layer(worker_id, index_queue, data_queue,
+    create_fetcher)`` and returns the three to use instead (wrapped queues, a fetcher factory). They
+    must be picklable (module-level classes) for spawn; the worker loop itself never names them.
+    """
 
     worker_method: str = "multiprocessing"  # or "thread"
-    trace: bool = False  # answer each task with its events too (minidl/trace.py)
-    snapshots: int = 0  # keep this many per-task states for DataLoader.state_dict() (minidl/state.py)
-    resume_state: dict | None = None  # a saved state to restore before the first task
+    layers: tuple = ()
 
 
 def _worker_loop(
@@ -253,12 +253,13 @@ def _worker_loop(
     See NOTE [ Worker queues and shutdown ] in dataloader.py for the protocol. A task is
     ``(task_idx, indices)``; the answer is ``(task_idx, batch)``, where batch may be an
     ``ExceptionWrapper`` or, for an exhausted IterableDataset, ``_IterableDatasetStopIteration``.
-    ``options`` (a ``_WorkerOptions``) holds minidl's additions: thread workers, tracing (the answer
-    then carries this task's events as a third element) and resume snapshots.
+    ``options`` (a ``_WorkerOptions``) holds minidl's additions: thread workers, and the worker sides
+    of the layers the iterator chose (tracing, resume), which wrap the queues and the fetcher factory.
     """
     global _worker_info
     options = options or _WorkerOptions()
     in_thread = options.worker_method == "thread"
+    where = f"in DataLoader worker {'thread' if in_thread else 'process'} {worker_id}"  # ExceptionWrapper's words
     told_torch = False  # whether this worker swapped torch's get_worker_info (see NOTE above _tell_torch)
     try:
         seed, rng = _seed_worker(base_seed, worker_id, options.worker_method)
@@ -269,14 +270,9 @@ def _worker_loop(
             _worker_info = info
         told_torch = _tell_torch(info)
 
-        recorder = None
-        if options.trace:  # minidl's tracing layer: queues that note each task and ship its events
-            from minidl.trace import traced_worker_queues
-
-            index_queue, data_queue, recorder = traced_worker_queues(index_queue, data_queue, worker_id)
-
-        def create_fetcher():
-            return _DatasetKind.create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last, recorder)
+        create_fetcher = _DatasetKind.create_fetcher
+        for layer in options.layers:  # minidl's layers (tracing, resume) wrap the queues and the fetcher factory
+            index_queue, data_queue, create_fetcher = layer(worker_id, index_queue, data_queue, create_fetcher)
 
         # An error in worker_init_fn or building the fetcher is reported on the first task,
         # so it surfaces in the main process as a normal exception, not a dead worker.
@@ -285,22 +281,11 @@ def _worker_loop(
         try:
             if init_fn is not None:
                 init_fn(worker_id)
-            if options.resume_state is not None:  # after init_fn, which may reseed: the snapshot wins
-                restore_worker_state(options.resume_state, rng, dataset)
-            fetcher = create_fetcher()
+            fetcher = create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
         except Exception:
-            init_exception = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+            init_exception = ExceptionWrapper(where=where)
 
-        # This replica of an IterableDataset has run out (already when the saved state was taken).
-        iteration_end = bool(options.resume_state and options.resume_state.get("ended"))
-        history = WorkerSnapshots(options.snapshots) if options.snapshots else None
-
-        def snapshot() -> dict:
-            # An iterable replica that already ran dry may have reset its own position for the
-            # next epoch; "ended" records that this epoch has nothing more from it.
-            ended = iteration_end or getattr(fetcher, "ended", False)
-            return {**capture_worker_state(rng, dataset), "ended": ended}
-
+        iteration_end = False  # this worker's IterableDataset replica has run out
         watchdog = _ThreadWatchdog() if in_thread else ManagerWatchdog()
         while watchdog.is_alive():
             try:
@@ -312,22 +297,15 @@ def _worker_loop(
             if isinstance(r, _ResumeIteration):
                 data_queue.put((r, None))  # ack, so the main process knows the epoch starts clean
                 iteration_end = False
-                if history is not None:  # task numbers start again at 0: old snapshots would mislead
-                    history = WorkerSnapshots(options.snapshots)
-                fetcher = create_fetcher()
+                fetcher = create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
                 continue
             if r is None:  # the sentinel: shutdown, or this worker is no longer needed
                 if done_event.is_set() or iteration_end:
                     break
                 raise AssertionError("a worker got the sentinel while it still had work")
-            if isinstance(r, _StateRequest):
-                data_queue.put((r, (worker_id, history.answer(r, current=snapshot()))))
-                continue
             if done_event.is_set() or iteration_end:
                 continue  # drain the queue without working until the sentinel arrives
             idx, index = r
-            if history is not None:
-                history.record(idx, snapshot())
             if init_exception is not None:
                 data, init_exception = init_exception, None
             else:
@@ -335,12 +313,12 @@ def _worker_loop(
                     data = fetcher.fetch(index)
                 except StopIteration:
                     if dataset_kind != _DatasetKind.Iterable:
-                        data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+                        data = ExceptionWrapper(where=where)
                     else:
-                        data = _IterableDatasetStopIteration(worker_id, history)
+                        data = _IterableDatasetStopIteration(worker_id)
                         iteration_end = True
                 except Exception:
-                    data = ExceptionWrapper(where=f"in DataLoader worker process {worker_id}")
+                    data = ExceptionWrapper(where=where)
             data_queue.put((idx, data))
             del data, idx, index, r  # drop references now: a batch may be large
     except KeyboardInterrupt:

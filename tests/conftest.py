@@ -3,39 +3,17 @@
 from __future__ import annotations
 
 import os
-import threading
 import time
 
 import pytest
-
-# multiprocessing's own helpers (started once by spawn/forkserver, kept for the session) are
-# not DataLoader workers.
-_MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
-
-
-def _alive_children():
-    import psutil
-
-    alive = []
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if p.status() != "zombie" and any(h in " ".join(p.cmdline()) for h in _MP_HELPERS):
-                continue  # a zombie (dead, never reaped) counts as a leak, whatever it was
-        except psutil.NoSuchProcess:
-            continue
-        alive.append(p)
-    return alive
-
-
-def _worker_threads():
-    return [t for t in threading.enumerate() if t.name.startswith(("minidl_worker", "minidl_pin"))]
+from loadertools import alive_children, worker_threads
 
 
 def wait_until_clean(timeout: float = 5.0) -> tuple[list, list]:
     """Wait up to ``timeout`` s for worker processes and threads to go; return what is left."""
     deadline = time.monotonic() + timeout
     while True:
-        procs, threads = _alive_children(), _worker_threads()
+        procs, threads = alive_children(), worker_threads()
         if (not procs and not threads) or time.monotonic() > deadline:
             return procs, threads
         time.sleep(0.05)

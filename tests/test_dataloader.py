@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
+from loadertools import TorchShardedRange  # noqa: E402
 
 import minidl  # noqa: E402
 from minidl.course import toy  # noqa: E402
@@ -119,24 +120,6 @@ def test_random_split_subsets_load_like_torch():
         subsets = mod.random_split(toy.RangeDataset(20), [0.5, 0.3, 0.2], generator=g)
         parts.append([list(mod.DataLoader(s, batch_size=3)) for s in subsets])
     assert_same(*parts)
-
-
-class TorchShardedRange(tud.IterableDataset):
-    """toy.ShardedRange written against torch's API, for torch's loader."""
-
-    def __init__(self, start, end):
-        self.start, self.end = start, end
-
-    def __iter__(self):
-        info = tud.get_worker_info()
-        if info is None:
-            return iter(range(self.start, self.end))
-        per_worker = -(-(self.end - self.start) // info.num_workers)
-        lo = self.start + info.id * per_worker
-        return iter(range(lo, min(lo + per_worker, self.end)))
-
-    def __len__(self):
-        return self.end - self.start
 
 
 def test_iterable_dataset_batches_and_len():
@@ -258,3 +241,43 @@ def test_unknown_worker_method():
         minidl.DataLoader(ds, num_workers=1, worker_method="greenlet")
     with pytest.raises(ValueError, match="multiprocessing_context"):
         minidl.DataLoader(ds, num_workers=1, worker_method="thread", multiprocessing_context="spawn")
+
+
+@pytest.mark.timeout(120)
+def test_the_iterators_invariant_checks_raise_under_python_O_as_torchs_do():
+    # torch 2.13 raises AssertionError itself where a bare `assert` would vanish under `python -O`.
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, minidl, torch.utils.data as tud\n"
+            "for mod in (minidl, tud):\n"
+            "    it = iter(mod.DataLoader(list(range(8)), num_workers=1))  # 2 tasks sent: the most in flight\n"
+            "    try:\n"
+            "        it._try_put_index()\n"
+            "        print('no error')\n"
+            "    except AssertionError as e:\n"
+            "        print(e)\n"
+            "    it._shutdown_workers()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-O", "-c", code], capture_output=True, text=True, env=env, timeout=100)
+    assert out.stdout.splitlines() == ["Number of outstanding tasks exceeded maximum allowed tasks"] * 2, out.stderr
+
+
+def test_only_dataloader_py_names_the_optional_layers():
+    # Tracing and resume are layers chosen in DataLoader._get_iterator: no other loader file imports them,
+    # so the loader's files and trace.py/state.py form no import circle.
+    import ast
+    from pathlib import Path
+
+    package = Path(minidl.__file__).parent
+    for path in sorted(package.glob("*.py")):
+        if path.stem in ("dataloader", "trace", "state"):
+            continue
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                imported |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+        assert not imported & {"minidl.trace", "minidl.state"}, f"{path.name} imports a layer"

@@ -171,7 +171,7 @@ def test_thread_workers_stop_every_way(how, persistent):
             for _ in loader:
                 raise RuntimeError("consumer bug")
     else:
-        with pytest.raises(ValueError, match="Caught ValueError in DataLoader worker process 0"):
+        with pytest.raises(ValueError, match="Caught ValueError in DataLoader worker thread 0"):
             list(loader)
     del loader  # persistent workers live as long as their loader
     gc.collect()  # the no_leaks fixture then waits up to 5 s for every worker thread to end

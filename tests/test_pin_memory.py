@@ -429,7 +429,8 @@ def test_pin_thread_passes_a_worker_exception_through(worker_method):
                                num_workers=2, worker_method=worker_method, collate_fn=pinnable_collate,
                                pin_memory=True)
     got = []
-    with pytest.raises(KeyError, match="in DataLoader worker process 0"):
+    kind = "thread" if worker_method == "thread" else "process"
+    with pytest.raises(KeyError, match=f"in DataLoader worker {kind} 0"):
         for batch in loader:
             got.append(batch.items)
     assert got == [[0, 1], [2, 3]]

@@ -44,7 +44,8 @@ def test_worker_exception_reaches_consumer_with_type_worker_id_and_traceback(wor
         for batch in loader:
             got.append(batch.tolist())
     msg = str(info.value)
-    assert f"Caught {exc_type.__name__} in DataLoader worker process 0" in msg
+    kind = "thread" if worker_method == "thread" else "process"  # a thread worker says so, not "process"
+    assert f"Caught {exc_type.__name__} in DataLoader worker {kind} 0" in msg
     assert "Original Traceback" in msg and "bad sample 5" in msg and "toy.py" in msg
     assert got == [[0, 1], [2, 3]]  # the batches before the bad one arrived, in order
 

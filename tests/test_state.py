@@ -68,7 +68,7 @@ def maker(config: dict, n: int = 23, batch_size: int = 3):
     dataset_cls = toy.WorkerRandomDataset if kw.get("worker_method") == "thread" else toy.GlobalRandomDataset
 
     def make():
-        return minidl.DataLoader(dataset_cls(n), batch_size=batch_size, stateful=kw.get("num_workers", 0) > 0,
+        return minidl.DataLoader(dataset_cls(n), batch_size=batch_size, stateful=True,
                                  generator=torch.Generator().manual_seed(7) if seeded else None, **kw)
 
     return make
@@ -88,7 +88,7 @@ def test_resume_map_style_at_any_cut(name, cut):
 def test_resume_iterable_dataset_with_its_own_state(num_workers, cut):
     def make():
         return minidl.DataLoader(toy.ResumableStream(17), batch_size=2, num_workers=num_workers,
-                                 stateful=num_workers > 0)
+                                 stateful=True)
 
     full, resumed = interrupted_equals_uninterrupted(make, cut)
     assert resumed == full
@@ -101,7 +101,7 @@ def test_resume_in_a_later_epoch_with_a_distributed_sampler(num_workers):
     def make():
         sampler.set_epoch(2)  # the training loop sets the epoch before iterating, also on resume
         return minidl.DataLoader(toy.GlobalRandomDataset(30), batch_size=4, sampler=sampler,
-                                 num_workers=num_workers, stateful=num_workers > 0)
+                                 num_workers=num_workers, stateful=True)
 
     full, resumed = interrupted_equals_uninterrupted(make, cut=2)
     assert resumed == full
@@ -148,15 +148,22 @@ def test_different_num_workers_is_refused_clearly():
     with pytest.raises(ValueError, match="num_workers=2"):
         minidl.DataLoader(toy.RangeDataset(10), num_workers=1, stateful=True).load_state_dict(state)
     with pytest.raises(ValueError, match="worker_method"):
-        minidl.DataLoader(toy.RangeDataset(10), num_workers=2, worker_method="thread").load_state_dict(state)
+        minidl.DataLoader(toy.RangeDataset(10), num_workers=2, worker_method="thread", stateful=True).load_state_dict(
+            state)
 
 
-def test_state_dict_needs_stateful_workers_and_in_order():
-    it = iter(loader := minidl.DataLoader(toy.RangeDataset(10), num_workers=1))
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_state_dict_and_load_state_dict_need_stateful_and_in_order(num_workers):
+    it = iter(loader := minidl.DataLoader(toy.RangeDataset(10), num_workers=num_workers))
     next(it)
-    with pytest.raises(RuntimeError, match="stateful=True"):
+    with pytest.raises(RuntimeError, match="state_dict\\(\\) needs DataLoader\\(..., stateful=True\\)"):
         loader.state_dict()
     del it
+    state = saved_state(num_workers=num_workers)
+    with pytest.raises(RuntimeError, match="load_state_dict\\(\\) needs DataLoader\\(..., stateful=True\\)"):
+        minidl.DataLoader(toy.RangeDataset(12), batch_size=2, num_workers=num_workers).load_state_dict(state)
+    if num_workers == 0:
+        return
     it = iter(loader := minidl.DataLoader(toy.RangeDataset(10), num_workers=1, stateful=True, in_order=False))
     next(it)
     with pytest.raises(ValueError, match="in_order=True"):
@@ -166,7 +173,7 @@ def test_state_dict_needs_stateful_workers_and_in_order():
 
 def test_bad_version_is_refused():
     with pytest.raises(ValueError, match="version"):
-        minidl.DataLoader(toy.RangeDataset(4)).load_state_dict({"version": 99})
+        minidl.DataLoader(toy.RangeDataset(4), stateful=True).load_state_dict({"version": 99})
 
 
 def test_a_numpy_driven_loader_does_not_import_torch():
@@ -191,7 +198,7 @@ def test_a_numpy_driven_loader_does_not_import_torch():
 def test_state_dict_right_after_load_state_dict_keeps_the_resume_point(num_workers):
     def make():
         return minidl.DataLoader(toy.RangeDataset(12), batch_size=2, shuffle=True, num_workers=num_workers,
-                                 stateful=num_workers > 0, generator=torch.Generator().manual_seed(1))
+                                 stateful=True, generator=torch.Generator().manual_seed(1))
 
     full, _ = interrupted_equals_uninterrupted(make, cut=3)
     loader = make()
@@ -220,7 +227,7 @@ def test_traced_loader_with_workers_gives_state_mid_epoch_and_goes_on(worker_met
 
 
 def saved_state(**kwargs) -> dict:
-    loader = minidl.DataLoader(toy.RangeDataset(12), batch_size=2, **kwargs)
+    loader = minidl.DataLoader(toy.RangeDataset(12), batch_size=2, stateful=True, **kwargs)
     it = iter(loader)
     [next(it) for _ in range(2)]
     state = loader.state_dict()
@@ -235,7 +242,7 @@ def saved_state(**kwargs) -> dict:
 ])
 def test_load_state_dict_refuses_a_state_from_another_setting(other, key):
     state = saved_state()
-    kwargs = dict(dataset=toy.RangeDataset(12), batch_size=2) | other
+    kwargs = dict(dataset=toy.RangeDataset(12), batch_size=2, stateful=True) | other
     with pytest.raises(ValueError, match=f"saved with {key}="):
         minidl.DataLoader(kwargs.pop("dataset"), **kwargs).load_state_dict(state)
 
@@ -249,7 +256,7 @@ def test_load_state_dict_refuses_a_state_from_another_setting(other, key):
 def test_load_state_dict_refuses_counters_out_of_range(change, match):
     state = saved_state() | change
     with pytest.raises(ValueError, match=match):
-        minidl.DataLoader(toy.RangeDataset(12), batch_size=2).load_state_dict(state)
+        minidl.DataLoader(toy.RangeDataset(12), batch_size=2, stateful=True).load_state_dict(state)
 
 
 @pytest.mark.parametrize("key", ["tasks_done", "generators", "num_workers"])
@@ -257,7 +264,7 @@ def test_load_state_dict_names_a_missing_key(key):
     state = saved_state()
     del state[key]
     with pytest.raises(ValueError, match=f"missing the key '{key}'"):
-        minidl.DataLoader(toy.RangeDataset(12), batch_size=2).load_state_dict(state)
+        minidl.DataLoader(toy.RangeDataset(12), batch_size=2, stateful=True).load_state_dict(state)
 
 
 @pytest.mark.parametrize("num_workers, persistent", [(0, False), (2, False), (2, True)])
@@ -266,7 +273,7 @@ def test_iterable_dataset_resumed_at_the_end_of_an_epoch_then_gives_full_epochs(
                                                                                  past_the_end):
     def make():
         return minidl.DataLoader(toy.ResumableStream(9), batch_size=2, num_workers=num_workers,
-                                 stateful=num_workers > 0, persistent_workers=persistent, collate_fn=list)
+                                 stateful=True, persistent_workers=persistent, collate_fn=list)
 
     loader = make()
     it = iter(loader)
@@ -289,7 +296,7 @@ def test_an_iterable_dataset_without_state_is_refused_mid_epoch_not_replayed(num
     # Without state_dict()/load_state_dict() the resumed epoch would start again from the stream's first item.
     def make():
         return minidl.DataLoader(toy.ShardedRange(0, 12), batch_size=2, num_workers=num_workers,
-                                 stateful=num_workers > 0)
+                                 stateful=True)
 
     loader = make()
     it = iter(loader)
@@ -313,7 +320,8 @@ def test_load_state_dict_refuses_another_generator_setup(saved, loaded, words):
         return {None: None, "torch": torch.Generator().manual_seed(1), "numpy": np.random.default_rng(1)}[kind]
 
     def make(kind):
-        return minidl.DataLoader(toy.RangeDataset(10), batch_size=2, shuffle=True, generator=generator(kind))
+        return minidl.DataLoader(toy.RangeDataset(10), batch_size=2, shuffle=True, generator=generator(kind),
+                                 stateful=True)
 
     loader = make(saved)
     it = iter(loader)
@@ -346,3 +354,29 @@ def test_iterable_resume_keeps_the_batches_of_a_worker_whose_end_already_arrived
     resumed = make()
     resumed.load_state_dict(state)
     assert first + as_text(resumed) == full
+
+
+@pytest.mark.parametrize("worker_method, num_workers", [("multiprocessing", 0), ("multiprocessing", 2), ("thread", 2)])
+def test_resume_and_tracing_compose(worker_method, num_workers):
+    # Both layers on: the resumed loader gives the uninterrupted run's batches, and its trace records exactly
+    # those, numbered as in the uninterrupted epoch (7 batches; the first 3 were had before the checkpoint).
+    dataset = toy.WorkerRandomDataset(14) if worker_method == "thread" else toy.GlobalRandomDataset(14)
+
+    def make():
+        return minidl.DataLoader(dataset, batch_size=2, shuffle=True, num_workers=num_workers, stateful=True,
+                                 trace=True, worker_method=worker_method, generator=torch.Generator().manual_seed(3))
+
+    full, _ = interrupted_equals_uninterrupted(make, cut=3)
+    seed_everything(0)  # as the uninterrupted run: the main process's streams feed num_workers=0
+    loader = make()
+    it = iter(loader)
+    [next(it) for _ in range(3)]
+    state = loader.state_dict()
+    del it
+    seed_everything(12345)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert as_text(resumed) == full[3:]
+    events = resumed.trace.events
+    assert sorted(e["batch"] for e in events if e["event"] == "yield") == [3, 4, 5, 6]
+    assert {e["batch"] for e in events if e["event"] == "fetch"} == {3, 4, 5, 6}

@@ -14,6 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
+from loadertools import TorchShardedRange  # noqa: E402
 from torch.utils.data._utils import worker as torch_worker  # noqa: E402
 
 import minidl  # noqa: E402
@@ -86,23 +87,10 @@ def test_thread_workers_have_their_own_random_torch_and_numpy_generators_seeded_
     assert by_worker[0] == expected
 
 
-class TorchShardedRange(tud.IterableDataset):
-    """Written for torch: shards itself with torch's get_worker_info, imported the usual way."""
-
-    def __init__(self, n):
-        self.n = n
-
-    def __iter__(self):
-        info = tud.get_worker_info()
-        if info is None:
-            return iter(range(self.n))
-        return iter(range(info.id, self.n, info.num_workers))
-
-
 def test_a_dataset_written_for_torch_shards_itself_in_thread_workers():
     from torch.utils.data import get_worker_info as imported_early  # bound before any worker ran
 
-    got = sorted(int(x) for x in minidl.DataLoader(TorchShardedRange(20), batch_size=3, num_workers=2,
+    got = sorted(int(x) for x in minidl.DataLoader(TorchShardedRange(0, 20), batch_size=3, num_workers=2,
                                                     worker_method="thread", collate_fn=list) for x in x)
     assert got == list(range(20))  # each sample once: torch's lookup saw each thread's own worker info
     assert imported_early() is None and tud.get_worker_info() is None  # and the main thread is no worker

@@ -7,6 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
+from loadertools import TorchShardedRange  # noqa: E402
 
 import minidl  # noqa: E402
 from minidl.course import toy  # noqa: E402
@@ -28,19 +29,6 @@ class TorchWorkerIdDataset(tud.Dataset):
 
 class TorchGlobalRandomDataset(toy.GlobalRandomDataset, tud.Dataset):
     pass
-
-
-class TorchShardedRange(tud.IterableDataset):
-    """toy.ShardedRange written against torch's API, for torch's loader."""
-
-    def __init__(self, start, end):
-        self.start, self.end = start, end
-
-    def __iter__(self):
-        info = tud.get_worker_info()
-        per_worker = -(-(self.end - self.start) // info.num_workers)
-        lo = self.start + info.id * per_worker
-        return iter(range(lo, min(lo + per_worker, self.end)))
 
 
 def loaders(minidl_dataset, torch_dataset, seed=0, worker_method="multiprocessing", **kwargs):

@@ -1,0 +1,61 @@
+"""What several test files share: the check for live children, and a dataset written for torch.
+
+Imported by name (``from loadertools import ...``): pytest puts this folder on ``sys.path`` for the
+tests in it. Classes live at module level, so spawned workers can import them. Importing this module
+doesn't need torch (conftest imports it on free-threaded interpreters too).
+"""
+
+from __future__ import annotations
+
+import threading
+
+try:
+    import torch.utils.data as tud
+except ImportError:  # no torch (a free-threaded interpreter): no torch-written datasets either
+    tud = None
+
+# multiprocessing's own helpers (started once by spawn/forkserver, kept for the session) are
+# not DataLoader workers.
+MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+
+
+def alive_children() -> list:
+    """Live children of this process (zombies included: dead but never reaped), except multiprocessing's helpers."""
+    import psutil
+
+    alive = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE and any(h in " ".join(p.cmdline()) for h in MP_HELPERS):
+                continue  # a zombie counts as a leak, whatever it was
+        except psutil.NoSuchProcess:
+            continue
+        alive.append(p)
+    return alive
+
+
+def worker_threads() -> list[threading.Thread]:
+    """minidl's worker and pin-memory threads still running in this process."""
+    return [t for t in threading.enumerate() if t.name.startswith(("minidl_worker", "minidl_pin"))]
+
+
+class TorchShardedRange(tud.IterableDataset if tud is not None else object):
+    """``toy.ShardedRange`` written against torch's API: shards ``range(start, end)`` with torch's get_worker_info.
+
+    ``get_worker_info`` is looked up on ``torch.utils.data`` the usual way, so it sees whatever torch's
+    function is at the time (minidl's thread workers swap its body while they run).
+    """
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+
+    def __iter__(self):
+        info = tud.get_worker_info()
+        if info is None:
+            return iter(range(self.start, self.end))
+        per_worker = -(-(self.end - self.start) // info.num_workers)
+        lo = self.start + info.id * per_worker
+        return iter(range(lo, min(lo + per_worker, self.end)))
+
+    def __len__(self) -> int:
+        return self.end - self.start
