@@ -52,8 +52,10 @@ unit-forkserver unit-spawn: unit-%: setup
 # to forkserver (Linux from Python 3.14) and to spawn (macOS, Windows), as a learner there gets it.
 # DataLoader's warning about more workers than cores is the one stderr line that depends on the core count: the
 # kernels run without it here (a learner still sees it).
+# A cell may take up to 300 s (pytest-timeout; 120 s for the unit tests): under spawn every worker is a fresh
+# interpreter that imports torch, and ch12's num_workers sweep starts 16 of them a round.
 NBVAL := env MINIDL_QUICK=1 PYTHONWARNINGS="ignore:This DataLoader will create:UserWarning" $(PYTEST) -p no:cacheprovider \
-	--nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+	--timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
 
 nbval: setup
 	bash scripts/other_machine.sh $(NBVAL)
