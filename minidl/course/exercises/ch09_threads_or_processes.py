@@ -4,7 +4,8 @@ Two datasets: ``PythonLoopDataset``, whose items are a pure-Python loop (it hold
 ``SleepNumpyDataset``, whose items wait (a ``time.sleep`` standing in for reading a file) and then make a NumPy
 array (both release the GIL). The learner times a ``minidl.DataLoader`` with two workers over each, with
 ``worker_method="multiprocessing"`` and ``"thread"``, and says which is faster for each. The checker measures
-the same, and accepts either answer where the two are within ``BAND`` of each other.
+the same, and accepts either answer where the two are within ``BAND`` of each other, in the median or in any one
+of its rounds (a busy machine's rounds disagree; an idle machine's don't).
 """
 
 from __future__ import annotations
@@ -93,6 +94,12 @@ class Measured:
         times = sorted(self.median(workload, m) for m in METHODS)
         return times[1] / times[0]
 
+    def round_gaps(self, workload: str) -> list[float]:
+        """Round by round, the other method's time over the faster one's (below 1 where that round disagrees)."""
+        best = self.faster(workload)
+        other = next(m for m in METHODS if m != best)
+        return [o / b for o, b in zip(self.seconds[workload][other], self.seconds[workload][best])]
+
 
 def measure(rounds: int = ROUNDS) -> Measured:
     """Epoch times of both workloads with both worker methods, interleaved rounds after a warm-up."""
@@ -144,10 +151,14 @@ def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None 
                        "processes do, without starting processes or sending arrays between them.",
     }
     for name in WORKLOADS:
-        best, gap = measured.faster(name), measured.gap(name)
+        best, gap, rounds = measured.faster(name), measured.gap(name), measured.round_gaps(name)
         case = f"{name}: you answered {faster[name]!r}; the checker measured {best!r} faster by {gap:.2f}x"
         if gap < BAND:
             print(f"{name}: the two are within {BAND}x of each other here ({gap:.2f}x), so either answer is accepted")
+        elif min(rounds) < BAND:  # a busy machine: one round says otherwise, or nearly; no verdict to hold you to
+            print(f"{name}: {best} was faster by {gap:.2f}x in the median, but the checker's rounds range from "
+                  f"{min(rounds):.2f}x to {max(rounds):.2f}x, so either answer is accepted (on an idle machine the "
+                  "rounds agree)")
         elif faster[name] != best:
             checks.fail(case, f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", hints[name])
         checks.passed += 1
