@@ -184,9 +184,12 @@ def line_plot(x: Sequence[float], series: Mapping[str, Sequence[float]], *, titl
     colours = plt.get_cmap("tab10" if len(series) <= 10 else "tab20").colors
     for i, (label, y) in enumerate(series.items()):
         ax.plot(x, y, marker=MARKERS[i % len(MARKERS)], color=colours[i % len(colours)], label=label)
+    lowest = min(hlines.values()) if hlines and len(hlines) > 1 else None
     for label, level in (hlines or {}).items():
         ax.axhline(level, ls="--", lw=1, color="0.45")
-        ax.annotate(label, (0.01, level), xycoords=("axes fraction", "data"), va="bottom", fontsize=8,
+        # Labels sit above their lines, the lowest one below its own: two close lines keep readable labels.
+        ax.annotate(label, (0.01, level), xycoords=("axes fraction", "data"), fontsize=8,
+                    va="top" if level == lowest else "bottom",
                     color="0.3", bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1},
                     zorder=1.5)  # above the grid, below the data lines (zorder 2)
     ax.set_xscale("log" if logx else "linear")
