@@ -466,7 +466,7 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
 
 
 def _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport, pin,
-            workers_needed, cores, io_bound, slow_batch=True) -> list[str]:
+            workers_needed, cores, io_bound, slow_batch) -> list[str]:
     n = trace.num_workers
     if bottleneck == "consumer":
         return [f"nothing in the loader: the consumer waited only {wait_share:.0%} of the time; "
