@@ -5,11 +5,16 @@ Imported by name (``from benchtools import ...``): pytest puts this folder on ``
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 from minidl.bench.harness import COLUMNS
 from minidl.bench.machine import MACHINE_FIELDS, machine_tag
@@ -18,10 +23,43 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_bench(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python -m minidl.bench *args`` in a fresh interpreter from the repository root, without MINIDL_QUICK."""
-    full_env = {k: v for k, v in os.environ.items() if k != "MINIDL_QUICK"} | (env or {})
-    return subprocess.run([sys.executable, "-m", "minidl.bench", *args], cwd=ROOT, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    """``python -m minidl.bench *args`` in a fresh interpreter from the repository root, without MINIDL_QUICK.
+
+    If it outlives ``timeout``, every process of its tree prints its Python stacks (faulthandler, on
+    SIGABRT) before the test fails, with the end of what the suite printed: the step that hung.
+    """
+    full_env = {k: v for k, v in os.environ.items() if k != "MINIDL_QUICK"} | (env or {}) | {"PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen([sys.executable, "-m", "minidl.bench", *args], cwd=ROOT, env=full_env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            stdout, stderr = _dump_and_kill(proc)
+            pytest.fail(f"python -m minidl.bench {' '.join(args)} still running after {timeout} s; the end of its "
+                        f"output, then each process's stacks:\n{stdout[-2000:]}\n{stderr[-12000:]}", pytrace=False)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _dump_and_kill(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGABRT the children (faulthandler prints their stacks to the shared stderr), then the suite; collect output."""
+    import psutil
+
+    try:
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        children = []
+    for p in [*children, psutil.Process(proc.pid)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.send_signal(signal.SIGABRT)
+            time.sleep(0.5)
+    try:
+        return proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        for p in children:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        proc.kill()
+        return proc.communicate()
 
 
 def read_csv(path: Path, columns: tuple[str, ...] | None = COLUMNS) -> list[dict[str, str]]:

@@ -285,6 +285,30 @@ def test_pool_loader_left_by_break_with_a_long_epoch_ahead_leaves_no_worker():
         assert set(multiprocessing.active_children()) - before == set()
 
 
+class BigSamples:
+    """Samples of 2 MB, larger than a pipe's buffer: a worker spends a while in the middle of sending each batch."""
+
+    def __len__(self) -> int:
+        return 400
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        return np.full(2_000_000, index % 256, dtype=np.uint8)
+
+
+@pytest.mark.timeout(60)
+def test_pool_loader_left_early_while_workers_send_big_batches_ends_every_time():
+    # terminate() here killed a worker halfway through sending, holding the result pipe's lock; the Pool's
+    # task handler then waited on that lock forever, and terminate() on it (6th early exit of 10 in one run).
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    for _ in range(30):
+        batches = P.pool_loader(BigSamples(), P.batches_of(range(400), 1), 2, collate_fn=list)
+        assert [int(next(batches)[0][0]) for _ in range(2)] == [0, 1]
+        batches.close()
+        assert set(multiprocessing.active_children()) - before == set()
+
+
 @pytest.mark.timeout(60)
 def test_pool_workers_start_with_the_parents_random_state_under_fork():
     import multiprocessing

@@ -289,15 +289,14 @@ def pool_loader(dataset: Any, batches: Sequence[Sequence[int]], processes: int,
     """Batches from a ``multiprocessing.Pool(processes).imap``, in order: the do-it-yourself DataLoader.
 
     The dataset reaches each worker once, through the Pool's initializer; each task is one batch of indices.
-    The Pool starts when iteration does; it is closed and joined when the epoch ends, terminated when
-    the generator is closed early.
-    A Pool replaces a worker that dies but never re-sends its batch: without ``timeout`` (seconds per batch,
-    then ``multiprocessing.TimeoutError``) the loop would wait for it forever.
-
-    ``imap`` pulls tasks from its iterable as fast as its feeder thread can, so the feed here waits for a
-    free slot: at most two tasks per process are out, as a DataLoader's ``prefetch_factor=2``. This also
-    keeps the Pool safe to leave early: terminating it while its feeder is still pushing a long backlog
-    into the workers' pipe can hang ``Pool.terminate()`` (seen here: the feeder stuck in ``put``).
+    The Pool starts when iteration does. ``imap`` pulls tasks from its iterable as fast as its feeder
+    thread can, so the feed here waits for a free slot: at most two tasks per process are out, as a
+    DataLoader's ``prefetch_factor=2``.
+    Whether the epoch ends or the loop leaves early, the Pool ends as a DataLoader's workers do: the
+    feed stops, the tasks already sent are waited out, then ``close()`` and ``join()`` (see ``wait_out``
+    for why not ``terminate()``). A Pool replaces a worker that dies but never re-sends its batch: without
+    ``timeout`` (seconds per batch, then ``multiprocessing.TimeoutError``) the loop would wait for it
+    forever; then ``terminate()`` (the ``with`` block's exit) is all that is left.
     """
     task = partial(fetch, collate_fn=collate_fn or collate_fn_for(dataset))
     slots = threading.Semaphore(2 * processes)  # tasks handed to the Pool and not yet consumed
@@ -313,16 +312,44 @@ def pool_loader(dataset: Any, batches: Sequence[Sequence[int]], processes: int,
             yield indices
 
     with multiprocessing.Pool(processes, initializer=init_worker, initargs=(dataset,)) as pool:
+        results = pool.imap(task, feed())
+        lost_worker = False
         try:
-            results = pool.imap(task, feed())
             for _ in range(len(batches)):
-                batch = results.next(timeout)
+                try:
+                    batch = results.next(timeout)
+                except multiprocessing.TimeoutError:
+                    lost_worker = True
+                    raise
                 slots.release()
                 yield batch
         finally:
-            leaving.set()  # the feeder stops within 0.05 s, before the Pool is terminated
-        pool.close()  # the normal path: every task is done, so the workers exit on their own
-        pool.join()  # (leaving early skips these two: the `with` block's terminate() ends the workers)
+            leaving.set()  # the feed ends within 0.05 s; imap's iterator then stops after the tasks already sent
+            if not lost_worker:
+                wait_out(results, timeout)  # left early (or a task raised): at most two per process
+                pool.close()  # no task left, so the workers exit on their own
+                pool.join()
+
+
+def wait_out(results: Iterator, timeout: float) -> None:
+    """Take and drop what an ``imap`` whose feed has ended still owes: batches, or the errors that made them fail.
+
+    This is why a Pool left early isn't simply ``terminate()``d: that kills each worker wherever it is, and a
+    worker killed halfway through sending its batch never releases the result pipe's lock. The Pool's own
+    task-handler thread then waits for that lock to send its goodbye, and ``terminate()``, which joins that
+    thread, waits forever (seen in one of 25 benchmark runs on a busy machine, and with batches larger
+    than the pipe's buffer within ten early exits). A DataLoader ends its workers the same way for the
+    same reason: it asks them to stop and joins them, and kills only a worker that outlives its timeout.
+    """
+    while True:
+        try:
+            results.next(timeout)
+        except StopIteration:
+            return
+        except multiprocessing.TimeoutError:
+            raise
+        except Exception:  # noqa: BLE001, S112 - the task's own error: its worker is free again; drop it too
+            continue
 
 
 def serial_loader(dataset: Any, batches: Sequence[Sequence[int]], collate_fn: Callable | None = None) -> Iterator:
