@@ -11,6 +11,8 @@ Tasks (the CSV's ``task``, with what its ``size`` counts):
   worker start alone, with almost no work to wait for.
 * ``trace numpy, <backend>, <w> workers`` (samples): a minidl epoch of the ``numpy`` workload with
   ``trace=True`` against the same without; speedup against tracing off (below 1: tracing slows it down).
+  Each backend's pair runs in a fresh interpreter with glibc's malloc thresholds fixed (``STEADY_MALLOC``):
+  see ``traced_epochs`` for why.
 
 As in the ``loaders`` suite, compared loaders run in rotating rounds after a warm-up round, and every
 backend's first batches (traced ones too) are checked against torch's before anything is timed.
@@ -19,10 +21,16 @@ Every round's per-batch cost and first batch also go to ``overhead_rounds.csv``.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
+import resource
 import statistics
+import subprocess
+import sys
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -119,15 +127,16 @@ def run(session: Session) -> None:
         for w, backend in TRACE_BACKENDS:
             if not all(map(same_batch, first_batches(make_loader(backend, numpy, w, trace=True)), reference)):
                 raise AssertionError(f"[overhead] numpy: traced {backend} batches differ from torch's")
-            loaders = {on: partial(make_loader, backend, numpy, w, trace=on) for on in (False, True)}
             progress = session.progress(f"trace numpy, {backend}, {w} workers: trace=")
-            for on, epochs in run_rounds(loaders, sizes.repeats, partial(run_epoch, memory=None), progress).items():
-                traced[w, backend, on] = epochs
+            faults: dict[bool, list[int]] = {}
+            for on, epochs, epoch_faults in traced_epochs(backend, w, sizes, progress):
+                traced[w, backend, on], faults[on] = epochs, epoch_faults
                 session.record(f"trace numpy, {backend}, {w} workers", "trace=True" if on else "trace off",
                                timing([e.seconds for e in epochs]), size=sizes.trace_samples, workers=w,
                                baseline=not on, note="one epoch, worker start and shutdown included")
             session.log(f"[overhead] trace numpy, {backend}, {w} workers: throughput with / without "
-                        f"{_trace_ratio(traced, w, backend):.3f}")
+                        f"{_trace_ratio(traced, w, backend):.3f}; page faults per epoch, median, without / with: "
+                        f"{statistics.median(faults[False][1:]):.0f} / {statistics.median(faults[True][1:]):.0f}")
     write_rows(session.out / "overhead_rounds.csv", [
         {"batch_size": bs, "workers": w, "method": b, "round": r, "per_batch_s": e.per_batch,
          "first_batch_s": e.first_batch}
@@ -137,6 +146,60 @@ def run(session: Session) -> None:
         session.skip("plots", "matplotlib not installed")
         return
     _plots(session, per_batch, traced, sizes)
+
+
+# glibc's malloc moves its mmap threshold up as a process frees large blocks, and trims the heap's top as
+# it shrinks: which loader's batches then come from fresh, page-faulting memory depends on the process's
+# history, not on the loader. Fixing both thresholds (which turns that tuning off) keeps the traced and the
+# untraced epochs on equal terms. Other C libraries ignore the variable.
+STEADY_MALLOC = {"GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=67108864:glibc.malloc.trim_threshold=268435456"}
+
+
+def traced_epochs(backend: str, workers: int, sizes: Sizes,
+                  progress: Callable[[Any], None]) -> Iterator[tuple[bool, list[Epoch], list[int]]]:
+    """(trace on?, its epochs, each epoch's minor page faults), from rounds run in a fresh interpreter.
+
+    Why not in this process: with the allocator tuning itself, the same pair of loaders (0 workers)
+    measured 0.81 in one interpreter and 1.15 in the next (trace=True *faster*), following the page
+    faults per epoch, with / without: 28,000 / 350, then 35,000 / 63,000. With ``STEADY_MALLOC``, four
+    interpreters in a row measured 0.96 to 0.98: both sides fault alike and the ratio is tracing's.
+    """
+    command = [sys.executable, "-m", "minidl.bench.overhead", "traced", backend, str(workers),
+               str(sizes.trace_samples), str(sizes.trace_images), str(sizes.repeats)]
+    epochs: dict[bool, list[Epoch]] = {False: [], True: []}
+    faults: dict[bool, list[int]] = {False: [], True: []}
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=os.environ | STEADY_MALLOC) as child:
+        for line in child.stdout:  # one JSON line per epoch, as it ends
+            row = json.loads(line)
+            epochs[row["trace"]].append(Epoch(**row["epoch"]))
+            faults[row["trace"]].append(row["faults"])
+            progress(row["trace"])
+    if child.returncode != 0:
+        raise RuntimeError(f"[overhead] the traced epochs' interpreter failed (exit code {child.returncode})")
+    for on in (False, True):
+        yield on, epochs[on], faults[on]
+
+
+def _traced_rounds(backend: str, workers: int, samples: int, images: int, repeats: int) -> None:
+    """The child's side of ``traced_epochs``: rotating rounds of trace off / on, a JSON line per epoch."""
+    numpy = workloads.NumpyWorkload(samples, pool=images)
+    loaders = {on: partial(make_loader, backend, numpy, workers, trace=on) for on in (False, True)}
+
+    def measure(loader) -> None:  # prints the epoch as soon as it ends: the parent's progress bar moves
+        before = _minor_faults()
+        epoch = run_epoch(loader, memory=None)
+        faults = _minor_faults() - before
+        print(json.dumps({"trace": loader.trace is not None, "epoch": dataclasses.asdict(epoch), "faults": faults}),
+              flush=True)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")
+        run_rounds(loaders, repeats, measure)
+
+
+def _minor_faults() -> int:
+    """Minor page faults of this process and its exited children (each a page of fresh memory touched)."""
+    return sum(resource.getrusage(who).ru_minflt for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
 def _med(epochs: Sequence[BatchTimes], attr: str = "per_batch") -> float:
@@ -217,3 +280,9 @@ def figures(costs: Mapping[tuple[int, int, str], Timing], epochs: Mapping[tuple[
     trace_fig = plot.bar_times(traced, what="time per epoch", log=False, title=title, caption=caption,
                                groups={k: "trace=True" if k.endswith("trace=True") else "trace off" for k in traced})
     return dict(zip(PLOTS, (per_batch_fig, trace_fig)))
+
+
+if __name__ == "__main__":  # python -m minidl.bench.overhead traced <backend> <workers> <samples> <images> <repeats>
+    if len(sys.argv) != 7 or sys.argv[1] != "traced":
+        sys.exit(__doc__)
+    _traced_rounds(sys.argv[2], *map(int, sys.argv[3:]))
