@@ -54,6 +54,21 @@ def test_every_batch_has_each_step_once_in_order(kwargs):
         assert e["end"] >= e["start"] and (e["event"] in SPANS or e["end"] == e["start"])
 
 
+@pytest.mark.parametrize("kwargs", SETTINGS, ids=["main", "processes", "threads"])
+def test_a_batchs_samples_are_one_record_read_back_as_a_getitem_span_each(kwargs):
+    # One record per batch keeps tracing cheap: process workers pickle the events with every batch.
+    tr = traced(toy.RangeDataset(10), batch_size=4, **kwargs)
+    assert [e[0] for e in tr.raw if e[0].startswith("getitem")] == ["getitems"] * 3
+    fetches = {e["batch"]: e for e in tr.events if e["event"] == "fetch"}
+    for batch in range(3):
+        spans = [e for e in tr.events if e["event"] == "getitem" and e["batch"] == batch]
+        assert [e["index"] for e in spans] == list(range(4 * batch, min(4 * batch + 4, 10)))
+        assert all(a["end"] == b["start"] for a, b in zip(spans, spans[1:]))  # one clock read per sample
+        assert fetches[batch]["start"] <= spans[0]["start"] <= spans[-1]["end"] <= fetches[batch]["end"]
+        assert {e["lane"] for e in spans} == {fetches[batch]["lane"]}
+        assert set(spans[0]) == {"event", "lane", "batch", "start", "end", "pid", "tid", "index"}
+
+
 def test_getitems_datasets_record_the_batch_fetch_without_per_sample_events():
     class Batched(toy.RangeDataset):
         def __getitems__(self, indices):
