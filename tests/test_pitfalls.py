@@ -8,6 +8,7 @@ import random
 import signal
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -149,7 +150,15 @@ def test_without_a_namespace_the_recorded_run_comes_back_labelled(prefix):
 
 @needs_namespaces
 @pytest.mark.timeout(180)
-def test_torch_shm_manager_removes_a_killed_processs_files_unless_it_is_killed_too():
+@pytest.mark.parametrize("start_method", [None, "spawn"])
+def test_torch_shm_manager_removes_a_killed_processs_files_unless_it_is_killed_too(start_method, monkeypatch):
+    # Under spawn the workers must be told to use file_system too (a worker_init_fn): the strategy is per
+    # process. Without it they sent descriptors, no file was made, and the check below held for nothing.
+    if start_method:
+        start_method_dir = Path(__file__).parent / "start_method"
+        monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(start_method_dir),
+                                                                        os.environ.get("PYTHONPATH")])))
+        monkeypatch.setenv("MINIDL_START_METHOD", start_method)
     run = pitfalls.file_system_leftovers(timeout=150)
     assert run["source"] == "measured"
     alone, both = run["result"]["process killed"], run["result"]["process and torch_shm_manager killed"]

@@ -124,18 +124,26 @@ def shm_write(size_mib: int) -> None:
 
 def _hold_file_system_batches() -> None:
     """Load a few batches under ``file_system`` and keep them; say how many files, then wait to be killed."""
-    import os
     import time
 
     import torch.multiprocessing
     import torch.utils.data
 
     from minidl.course.pitfalls import TensorPairDataset
+    from minidl.course.sharing_demo import use_file_system_strategy
 
-    torch.multiprocessing.set_sharing_strategy("file_system")
-    kept = list(torch.utils.data.DataLoader(TensorPairDataset(16, (3, 8, 8)), batch_size=4, num_workers=2))
-    print(json.dumps({"kept": len(kept), "files": len(os.listdir("/dev/shm"))}), flush=True)
+    torch.multiprocessing.set_sharing_strategy("file_system")  # here, and in each worker (spawned ones start
+    kept = list(torch.utils.data.DataLoader(TensorPairDataset(16, (3, 8, 8)), batch_size=4, num_workers=2,
+                                            worker_init_fn=use_file_system_strategy))  # with the default)
+    print(json.dumps({"kept": len(kept), "files": len(_torch_files())}), flush=True)
     time.sleep(600)
+
+
+def _torch_files() -> list[str]:
+    """torch's shared-memory files in /dev/shm (``torch_<pid>_...``), not spawn's semaphores (``sem.mp-...``)."""
+    import os
+
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith("torch_"))
 
 
 def _shm_managers() -> list[int]:
@@ -179,12 +187,12 @@ def file_system_leftovers(wait: float = 10.0) -> dict:
             for pid in managers:
                 os.kill(pid, signal.SIGKILL)
         start = time.monotonic()
-        while os.listdir("/dev/shm") and time.monotonic() - start < wait:
+        while _torch_files() and time.monotonic() - start < wait:
             time.sleep(0.1)
-        left = sorted(os.listdir("/dev/shm"))
+        left = _torch_files()
         results[case] = {"files_held": held["files"], "managers": len(managers), "files_left": len(left),
                          "seconds": round(time.monotonic() - start, 1), "example": left[:1]}
-        for name in left:  # this tmpfs vanishes with the namespace anyway; start the next case empty
+        for name in os.listdir("/dev/shm"):  # this tmpfs vanishes with the namespace anyway; start the next case empty
             os.unlink(os.path.join("/dev/shm", name))
     return results
 
