@@ -360,7 +360,7 @@ class Trace:
         events = []
         for e in self.raw:
             if e[0] == "getitems":  # a batch's samples in one record: a "getitem" span each
-                event, lane, batch, _, _, pid, tid, indices, *_, stamps = e
+                _, lane, batch, _, _, pid, tid, indices, *_, stamps = e
                 events += [{"event": "getitem", "lane": lane, "batch": batch, "start": start, "end": end, "pid": pid,
                             "tid": tid, "index": index} for index, start, end in zip(indices, stamps, stamps[1:])]
             else:

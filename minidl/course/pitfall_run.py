@@ -130,20 +130,13 @@ def _hold_file_system_batches() -> None:
     import torch.utils.data
 
     from minidl.course.pitfalls import TensorPairDataset
-    from minidl.course.sharing_demo import use_file_system_strategy
+    from minidl.course.sharing_demo import shm_files, use_file_system_strategy
 
     torch.multiprocessing.set_sharing_strategy("file_system")  # here, and in each worker (spawned ones start
     kept = list(torch.utils.data.DataLoader(TensorPairDataset(16, (3, 8, 8)), batch_size=4, num_workers=2,
                                             worker_init_fn=use_file_system_strategy))  # with the default)
-    print(json.dumps({"kept": len(kept), "files": len(_torch_files())}), flush=True)
+    print(json.dumps({"kept": len(kept), "files": len(shm_files())}), flush=True)
     time.sleep(600)
-
-
-def _torch_files() -> list[str]:
-    """torch's shared-memory files in /dev/shm (``torch_<pid>_...``), not spawn's semaphores (``sem.mp-...``)."""
-    import os
-
-    return sorted(name for name in os.listdir("/dev/shm") if name.startswith("torch_"))
 
 
 def _shm_managers() -> list[int]:
@@ -173,6 +166,8 @@ def file_system_leftovers(wait: float = 10.0) -> dict:
     import subprocess
     import time
 
+    from minidl.course.sharing_demo import shm_files  # torch's files only, not spawn's sem.mp-... semaphores
+
     _private_shm(64)
     results = {}
     for case in ("process killed", "process and torch_shm_manager killed"):
@@ -187,9 +182,9 @@ def file_system_leftovers(wait: float = 10.0) -> dict:
             for pid in managers:
                 os.kill(pid, signal.SIGKILL)
         start = time.monotonic()
-        while _torch_files() and time.monotonic() - start < wait:
+        while shm_files() and time.monotonic() - start < wait:
             time.sleep(0.1)
-        left = _torch_files()
+        left = shm_files()
         results[case] = {"files_held": held["files"], "managers": len(managers), "files_left": len(left),
                          "seconds": round(time.monotonic() - start, 1), "example": left[:1]}
         for name in os.listdir("/dev/shm"):  # this tmpfs vanishes with the namespace anyway; start the next case empty
