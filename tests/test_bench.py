@@ -23,7 +23,7 @@ from benchtools import check_rows, read_csv, run_bench
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minidl.bench import SUITES, Timing, is_quick, machine_info, machine_tag, time_it
+from minidl.bench import SUITES, Timing, is_quick, machine, machine_info, machine_tag, time_it
 from minidl.bench.harness import Row, fill_speedups, format_table, main, missing
 from minidl.bench.kernels import (
     compile_numba,
@@ -247,3 +247,19 @@ def test_session_progress_counts_measurements_a_suite_takes_itself(tmp_path):
         assert (bar.n, bar.total) == (8, 8)
         session.advance("one more")
         assert bar.n == 9
+
+
+@pytest.mark.parametrize("cores, knee_passed_at", [(1, 2), (2, 3), (8, 12), (16, 24)])
+def test_worker_sweep_reaches_past_the_core_count(cores, knee_passed_at):
+    sweep = machine.worker_sweep(cores)
+    assert sweep[0] == 0 and list(sweep) == sorted(set(sweep))
+    assert cores in sweep and 1 in sweep
+    assert max(sweep) >= knee_passed_at > cores  # at least one point beyond the knee
+    assert len(sweep) <= 8  # each point starts that many workers per round: keep the sweep short
+
+
+def test_core_count_follows_the_affinity_mask():
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no affinity masks on this platform")
+    code = "import os; os.sched_setaffinity(0, {0}); from minidl.bench import machine; print(machine.core_count())"
+    assert run_python(code).stdout.strip() == "1"

@@ -34,10 +34,29 @@ def cpu_model() -> str:
 
 
 def core_count() -> int:
-    """Logical CPUs this process may run on (its affinity mask, where the OS has one)."""
-    if hasattr(os, "sched_getaffinity"):
+    """Logical CPUs this process may use: ``os.process_cpu_count()`` (3.13+), else its affinity mask, else all."""
+    if hasattr(os, "process_cpu_count"):
+        return os.process_cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):  # Linux; a Mac has neither this nor process_cpu_count before 3.13
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def worker_sweep(cores: int | None = None) -> tuple[int, ...]:
+    """``num_workers`` values to try on a machine with ``cores`` cores (this one's by default), past the knee.
+
+    0, the powers of two below ``cores``, ``cores`` itself, then half as many again (twice as many on 1 or 2
+    cores), so a CPU-bound loader's speed-up is seen climbing to the core count and then flattening.
+
+    >>> [worker_sweep(c) for c in (1, 2, 8)]
+    [(0, 1, 2), (0, 1, 2, 3, 4), (0, 1, 2, 4, 8, 12)]
+    """
+    cores = max(1, cores or core_count())
+    counts = {0, cores, cores + max(1, cores // 2)}
+    counts |= {2**k for k in range(cores.bit_length()) if 2**k < cores}
+    if cores <= 2:
+        counts.add(2 * cores)
+    return tuple(sorted(counts))
 
 
 def python_build() -> str:
