@@ -204,7 +204,7 @@ def torch_bus_error_text() -> list[str]:
     import torch
 
     texts: set[str] = set()
-    for lib in glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_python*.so")):
+    for lib in glob.glob(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_python.*")):  # .so, .dylib
         with open(lib, "rb") as f:
             data = f.read()
         at = data.find(b"bus error")
@@ -470,3 +470,57 @@ def shard_in_worker_init(worker_id: int) -> None:
     per_worker = -(-(ds.end - ds.start) // info.num_workers)
     lo = ds.start + worker_id * per_worker
     ds.start, ds.end = lo, min(lo + per_worker, ds.end)
+
+
+# --- what a platform without /proc, PSS or file_descriptor shows instead ---------------------------------
+# Runs recorded on the reference machine (2 cores, AMD EPYC, Python 3.11.7, torch 2.13.0+cpu, Linux), 2026-11-26, by
+# the code named with each; a notebook shows them, labelled, where ``osfacts`` says the fact is missing.
+
+# ``worker_memory_over_epoch(cls(file_names(1_000_000)), num_workers=2, batch_size=512)``, MiB.
+COPY_ON_READ_RECORDED = {
+    "names": 1_000_000,
+    "list of str": {
+        "fraction": [0.001, 0.011, 0.02, 0.04, 0.071, 0.1, 0.15, 0.201, 0.3, 0.45, 0.6, 0.8, 1.0],
+        "pss": [[94.372, 108.126, 117.409, 131.102, 141.767, 147.073, 150.815, 151.945, 152.419, 152.468, 152.54,
+                 152.548, 152.547],
+                [93.774, 107.376, 117.418, 130.692, 141.759, 146.75, 150.45, 151.604, 152.089, 152.173, 152.243,
+                 152.251, 152.254]],
+        "uss": [[12.336, 29.238, 41.668, 62.188, 79.863, 89.328, 96.207, 98.438, 99.375, 99.457, 99.531, 99.547,
+                 99.559],
+                [10.297, 27.723, 41.688, 61.379, 79.758, 88.828, 95.734, 98.012, 98.969, 99.125, 99.191, 99.211,
+                 99.23]]},
+    "NumPy array": {
+        "fraction": [0.001, 0.011, 0.02, 0.04, 0.071, 0.1, 0.15, 0.201, 0.3, 0.45, 0.6, 0.8, 1.0],
+        "pss": [[102.436, 102.514, 102.565, 102.718, 102.754, 102.804, 102.79, 102.864, 102.91, 102.956, 102.963,
+                 103.039, 103.123],
+                [102.362, 102.503, 102.554, 102.612, 102.658, 102.735, 102.712, 102.79, 102.822, 102.875, 102.887,
+                 102.959, 103.036]],
+        "uss": [[6.25, 6.348, 6.43, 6.574, 6.719, 6.859, 6.883, 7.023, 7.086, 7.176, 7.184, 7.211, 7.234],
+                [6.039, 6.195, 6.277, 6.43, 6.574, 6.723, 6.727, 6.875, 6.918, 7.012, 7.039, 7.059, 7.066]]},
+}
+
+_TOO_MANY = ("RuntimeError: Too many open files. Communication with the workers is no longer possible. Please "
+             "increase the limit using `ulimit -n` in the shell or change the sharing strategy by calling "
+             "`torch.multiprocessing.set_sharing_strategy('file_system')` at the beginning of your code")
+# ``run_child(["open_files", "file_descriptor", "128"])``.
+OPEN_FILES_RECORDED = {"torch": {"kept": 56, "error": _TOO_MANY}, "minidl": {"kept": 56, "error": _TOO_MANY}}
+
+# ``shm_in_flight(num_workers, prefetch_factor, batch_size=32, shape=(3, 128, 128))``, by (workers, prefetch).
+SHM_IN_FLIGHT_RECORDED = {
+    (2, 2): {"batch_bytes": 6291712, "segments": 10, "shared_bytes": 31458560},
+    (2, 4): {"batch_bytes": 6291712, "segments": 18, "shared_bytes": 56625408},
+    (4, 2): {"batch_bytes": 6291712, "segments": 18, "shared_bytes": 56625408},
+}
+
+
+def open_files_run(strategy: str, nofile: int = 128, timeout: float = 120.0) -> dict:
+    """``pitfall_run.open_files`` in a child, under torch's sharing ``strategy`` and ``ulimit -n nofile``.
+
+    Returns ``{"source": "measured" or "recorded", "why": ..., "result": {library: {"kept", "error"}}}``: where
+    torch does not offer ``strategy`` here (a Mac has only ``file_system``), the reference machine's run.
+    """
+    fact = osfacts.sharing_strategy(strategy)
+    if not fact:
+        return {"source": "recorded", "why": fact.why_not, "result": OPEN_FILES_RECORDED}
+    return {"source": "measured", "why": f"torch offers {strategy!r} here",
+            "result": run_child(["open_files", strategy, str(nofile)], timeout=timeout)["result"]}
