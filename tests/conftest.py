@@ -8,6 +8,8 @@ import time
 import pytest
 from loadertools import alive_children, worker_threads
 
+from minidl.course import osfacts
+
 
 def wait_until_clean(timeout: float = 5.0) -> tuple[list, list]:
     """Wait up to ``timeout`` s for worker processes and threads to go; return what is left."""
@@ -19,31 +21,66 @@ def wait_until_clean(timeout: float = 5.0) -> tuple[list, list]:
         time.sleep(0.05)
 
 
-def shm_segments() -> set[str]:
-    try:
-        return {n for n in os.listdir("/dev/shm") if n.startswith(("torch_", "psm_", "mp-"))}
-    except FileNotFoundError:
-        return set()
+class OwnProcesses:
+    """The pids of this process and of every process ``multiprocessing`` starts from it while a test runs.
+
+    Workers may be gone by the end of the test, so each start is recorded as it happens (``BaseProcess.start``,
+    which torch's and minidl's loaders, Pools and every start method go through); live descendants are added at
+    the end. No thread: a thread running while a test forks is the very pitfall notebook 12 shows.
+    """
+
+    def __init__(self) -> None:
+        import multiprocessing.process
+
+        self.pids = {os.getpid()}
+        self._cls = multiprocessing.process.BaseProcess
+        self._start = self._cls.start
+        own = self
+
+        def start(process):
+            own._start(process)
+            own.pids.add(process.pid)
+
+        self._cls.start = start
+
+    def stop(self) -> set[int]:
+        import psutil
+
+        self._cls.start = self._start
+        try:
+            self.pids.update(p.pid for p in psutil.Process().children(recursive=True))
+        except psutil.Error:
+            pass
+        return self.pids
+
+
+def shm_segments(pids) -> set[str]:
+    """torch's files in /dev/shm made by ``pids`` (torch_<pid>_...): another program's are not this test's."""
+    return set(osfacts.shm_files(pids) or [])
 
 
 @pytest.fixture
 def no_leaks():
-    """Fails the test if a worker process, worker thread or shm segment survives it by 5 s."""
+    """Fails the test if a worker process, worker thread or shm segment of this test survives it by 5 s."""
     import gc
 
-    before_shm = shm_segments()
+    before = shm_segments([os.getpid()])  # this process's files from earlier tests (held by a module, say)
+    own = OwnProcesses()
     yield
     gc.collect()
+    pids = own.stop()
     procs, threads = wait_until_clean(5.0)
+    pids |= {p.pid for p in procs}
     assert not procs, f"worker processes survived: {procs}"
     assert not threads, f"worker threads survived: {threads}"
-    # /dev/shm is the machine's, not this process's: another program's short-lived segments come and go in it.
-    # A leak is a new segment still there after 5 s, present in every look meanwhile.
+    # /dev/shm is the machine's: only files named after this test's processes count (issue 24: another program's
+    # torch_<pid>_... files failed a clean run). A file being freed may take a moment: a leak is one still there
+    # after 5 s, present in every look meanwhile.
     deadline = time.monotonic() + 5.0
-    left = shm_segments() - before_shm
+    left = shm_segments(pids) - before
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left &= shm_segments()
+        left &= shm_segments(pids)
     assert not left, f"shared memory left behind: {left}"
 
 
