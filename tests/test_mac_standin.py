@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -94,3 +95,22 @@ def test_a_minidl_loader_runs_in_it_with_file_system_sharing():
               "    batches = list(DataLoader(BlockDataset(8, kib=4), batch_size=4, num_workers=2))\n"
               "    print(json.dumps([b.is_shared() for b in batches] + [float(batches[1][0, 0])]))\n")
     assert got == [True, True, 4.0]
+
+
+PLATFORM_OR_PROCESS = re.compile(r"num_workers\s*=\s*[1-9a-zA-Z_]|multiprocessing|Pool\(|Process\(|psutil|/proc|"
+                                 r"/dev/shm|sharing_strateg|cpu_count|sched_|core_count|worker_sweep|osfacts|subprocess|fork|spawn")
+
+
+def test_the_notebooks_make_mac_leaves_out_start_no_process_and_ask_the_platform_nothing():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from mac_run import SKIPPED
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    assert SKIPPED
+    for rel in SKIPPED:
+        cells = json.loads((ROOT / "notebooks" / rel).read_text())["cells"]
+        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+        modules = re.findall(r"minidl\.course\.exercises\.(\w+)", code)  # an exercise's checker runs code too
+        code += "".join((ROOT / "minidl" / "course" / "exercises" / f"{m}.py").read_text() for m in modules)
+        assert not PLATFORM_OR_PROCESS.findall(code), (rel, PLATFORM_OR_PROCESS.findall(code))
