@@ -92,6 +92,39 @@ def test_shared_memory_in_flight_is_workers_times_prefetch_plus_the_held_batch(w
     assert r["shared_bytes"] == (workers * prefetch + 1) * r["batch_bytes"]
 
 
+def test_the_recorded_linux_runs_say_what_the_live_ones_assert():
+    """What a Mac is shown instead of a measurement holds what notebook 12 asserts of a measured run."""
+    memory = pitfalls.COPY_ON_READ_RECORDED
+    grow = {label: [w[-1] - w[0] for w in memory[label]["pss"]] for label in ("list of str", "NumPy array")}
+    assert min(grow["list of str"]) > 5 * max(max(grow["NumPy array"]), 0.5)
+    assert all(len(w) == len(memory[label]["fraction"]) for label in grow for w in memory[label]["uss"])
+    for (workers, prefetch), r in pitfalls.SHM_IN_FLIGHT_RECORDED.items():
+        assert r["batch_bytes"] == 32 * 3 * 128 * 128 * 4 + 32 * 8 and r["segments"] == 2 * (workers * prefetch + 1)
+        assert r["shared_bytes"] == (workers * prefetch + 1) * r["batch_bytes"]
+    assert all(r["kept"] < 64 and r["error"].startswith("RuntimeError: Too many open files.")
+               for r in pitfalls.OPEN_FILES_RECORDED.values())
+
+
+def test_open_files_run_shows_the_recorded_run_where_torch_lacks_the_strategy(monkeypatch):
+    from minidl.course import osfacts
+
+    monkeypatch.setattr(osfacts, "sharing_strategy",
+                        lambda name: osfacts.Fact(name, False, "torch offers only ['file_system'] on this platform"))
+    monkeypatch.setattr(pitfalls, "run_child", lambda *a, **k: pytest.fail("ran a child"))
+    run = pitfalls.open_files_run("file_descriptor")
+    assert run == {"source": "recorded", "why": "torch offers only ['file_system'] on this platform",
+                   "result": pitfalls.OPEN_FILES_RECORDED}
+
+
+def test_without_proc_the_readers_say_so_instead_of_raising(monkeypatch):
+    from minidl.course import osfacts
+
+    monkeypatch.setattr(osfacts, "open_files", lambda: osfacts.Fact("fds", False, "no /proc"))
+    assert pitfalls.shared_fds([os.getpid()]) is None
+    with pytest.raises(OSError, match="can't show fds: no /proc"):
+        pitfalls.shm_in_flight()
+
+
 def test_torch_names_shared_memory_in_its_bus_error_message():
     texts = pitfalls.torch_bus_error_text()
     assert any("bus error" in t and "insufficient shared memory" in t for t in texts)
