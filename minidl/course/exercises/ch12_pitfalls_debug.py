@@ -369,10 +369,17 @@ class DecodeDataset(Dataset):
 
 
 def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
-    """One epoch of ``DecodeDataset`` with ``num_workers`` worker processes, batch_size 4, workers started inside."""
+    """One epoch of ``DecodeDataset`` with ``num_workers`` worker processes, batch_size 4, workers started inside.
+
+    The workers are forked where the platform can fork (Linux, macOS), as in notebook 12's sweep: a spawned worker
+    is a new interpreter that imports torch, a second or more on a laptop, longer than this whole epoch, and the
+    sweep would time interpreter starts instead of loading (12 §7 measures those). Windows has only spawn.
+    """
+    context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # more workers than cores, on purpose
-        for _ in DataLoader(dataset or DecodeDataset(), batch_size=4, num_workers=num_workers):
+        warnings.simplefilter("ignore")  # more workers than cores, on purpose; fork in a process with threads
+        for _ in DataLoader(dataset or DecodeDataset(), batch_size=4, num_workers=num_workers,
+                            multiprocessing_context=context):
             pass
 
 
