@@ -375,7 +375,8 @@ def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
     is a new interpreter that imports torch, a second or more on a laptop, longer than this whole epoch, and the
     sweep would time interpreter starts instead of loading (12 §7 measures those). Windows has only spawn.
     """
-    context = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    forks = num_workers > 0 and "fork" in multiprocessing.get_all_start_methods()
+    context = "fork" if forks else None  # torch refuses a context without workers
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # more workers than cores, on purpose; fork in a process with threads
         for _ in DataLoader(dataset or DecodeDataset(), batch_size=4, num_workers=num_workers,
