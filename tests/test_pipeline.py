@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidl
+from minidl.bench.batches import assert_same_batches
 from minidl.bench.harness import missing
 from minidl.course import pipeline as P
 from minidl.course import toy
@@ -31,15 +32,6 @@ needs_torch = pytest.mark.skipif(bool(missing("torch")), reason="needs torch")
 
 def batch_of(dataset, indices):
     return P.collate_fn_for(dataset)([dataset[i] for i in indices])
-
-
-def assert_same_batches(got, expected):
-    got, expected = list(got), list(expected)
-    assert len(got) == len(expected)
-    for (images, labels), (want_images, want_labels) in zip(got, expected):
-        assert images.dtype == want_images.dtype == np.float32
-        np.testing.assert_array_equal(images, want_images)
-        np.testing.assert_array_equal(labels, want_labels)
 
 
 # --- the codec and the transform --------------------------------------------------------------------

@@ -10,7 +10,7 @@ torch is never imported here: a torch tensor can only exist once something else 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -41,19 +41,20 @@ def batch_difference(a: Any, b: Any, path: str = "batch") -> str | None:
         if list(a) != list(b):
             return f"{path}: keys {list(a)} != {list(b)}"
         pairs = [(f"{path}[{k!r}]", a[k], b[k]) for k in a]
-    elif isinstance(a, list | tuple):
+    elif isinstance(a, Sequence) and not isinstance(a, str | bytes | bytearray):  # list, tuple, UserList, range
         if len(a) != len(b):
             return f"{path}: length {len(a)} != {len(b)}"
         pairs = [(f"{path}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
     else:
         return None if a == b else f"{path}: {a!r} != {b!r}"
-    if _extras(a) != _extras(b):
-        return f"{path}: extra attributes {_extras(a)} != {_extras(b)}"
+    extras = _extras(a), _extras(b)
+    if any(extras):
+        pairs.append((f"{path}.__dict__", *extras))
     return next((d for p, x, y in pairs if (d := batch_difference(x, y, p)) is not None), None)
 
 
 def _extras(container: Any) -> dict[str, Any]:
-    """What a container carries beside its items: instance attributes, and a defaultdict's factory."""
+    """What a container carries beside its items: its instance attributes, and a defaultdict's factory."""
     extras = dict(getattr(container, "__dict__", {}))
     if hasattr(container, "default_factory"):
         extras["default_factory"] = container.default_factory
@@ -63,6 +64,13 @@ def _extras(container: Any) -> dict[str, Any]:
 def same_batch(a: Any, b: Any) -> bool:
     """Whether ``a`` and ``b`` are the same batch (see ``batch_difference``)."""
     return batch_difference(a, b) is None
+
+
+def assert_same_batch(a: Any, b: Any, path: str = "batch") -> None:
+    """Raise AssertionError naming where ``a`` and ``b`` first differ (see ``batch_difference``)."""
+    difference = batch_difference(a, b, path)
+    if difference is not None:
+        raise AssertionError(difference)
 
 
 def assert_same_batches(got: Iterable, expected: Iterable, what: str = "batches") -> None:
