@@ -103,3 +103,12 @@ def test_importing_the_helper_does_not_import_torch():
     code = "import sys, minidl.bench.batches; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.strip() == "False"
+
+
+def test_exact_containers_false_lets_a_list_stand_for_a_tuple_and_nothing_else():
+    images, labels = np.zeros((2, 3), np.float32), np.arange(2)
+    assert not same_batch((images, labels), [images, labels])
+    assert same_batch((images, labels), [images, labels], exact_containers=False)
+    assert not same_batch((images, labels), [images, labels + 1], exact_containers=False)
+    assert not same_batch((images,), {"images": images}, exact_containers=False)
+    assert not same_batch([(1, 2)], [(1, 2, 3)], exact_containers=False)

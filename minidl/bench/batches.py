@@ -18,15 +18,18 @@ import numpy as np
 CHECK_BATCHES = 2  # batches compared before a loader is timed, unless a suite asks for more
 
 
-def batch_difference(a: Any, b: Any, path: str = "batch") -> str | None:
+def batch_difference(a: Any, b: Any, path: str = "batch", *, exact_containers: bool = True) -> str | None:
     """Where ``a`` and ``b`` first differ, as ``"batch[1]['x']: why"``, or None when they are the same.
 
     Same means: the same container types all the way down (a tuple is not a list, a namedtuple keeps
     its class), the same keys in the same order, the same extra attributes on a container (a dict
     subclass's ``tag``, a defaultdict's ``default_factory``), and on the leaves: tensors and arrays of
-    the same dtype, shape and values (NaN is never equal), anything else ``==``.
+    the same dtype, shape and values (NaN is never equal), anything else ``==``. ``exact_containers=False``
+    lets a list stand for a tuple and back (a loader that hands out ``(images, labels)`` as it is, beside
+    one that collates it into a list).
     """
-    if type(a) is not type(b):
+    loose = not exact_containers and isinstance(a, list | tuple) and isinstance(b, list | tuple)
+    if type(a) is not type(b) and not loose:
         return f"{path}: {type(a).__name__} != {type(b).__name__}"
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(a, torch.Tensor):
@@ -48,9 +51,10 @@ def batch_difference(a: Any, b: Any, path: str = "batch") -> str | None:
     else:
         return None if a == b else f"{path}: {a!r} != {b!r}"
     extras = _extras(a), _extras(b)
-    if any(extras):
+    if any(extras) and not loose:
         pairs.append((f"{path}.__dict__", *extras))
-    return next((d for p, x, y in pairs if (d := batch_difference(x, y, p)) is not None), None)
+    return next((d for p, x, y in pairs
+                 if (d := batch_difference(x, y, p, exact_containers=exact_containers)) is not None), None)
 
 
 def _extras(container: Any) -> dict[str, Any]:
@@ -61,25 +65,26 @@ def _extras(container: Any) -> dict[str, Any]:
     return extras
 
 
-def same_batch(a: Any, b: Any) -> bool:
+def same_batch(a: Any, b: Any, *, exact_containers: bool = True) -> bool:
     """Whether ``a`` and ``b`` are the same batch (see ``batch_difference``)."""
-    return batch_difference(a, b) is None
+    return batch_difference(a, b, exact_containers=exact_containers) is None
 
 
-def assert_same_batch(a: Any, b: Any, path: str = "batch") -> None:
+def assert_same_batch(a: Any, b: Any, path: str = "batch", *, exact_containers: bool = True) -> None:
     """Raise AssertionError naming where ``a`` and ``b`` first differ (see ``batch_difference``)."""
-    difference = batch_difference(a, b, path)
+    difference = batch_difference(a, b, path, exact_containers=exact_containers)
     if difference is not None:
         raise AssertionError(difference)
 
 
-def assert_same_batches(got: Iterable, expected: Iterable, what: str = "batches") -> None:
+def assert_same_batches(got: Iterable, expected: Iterable, what: str = "batches", *,
+                        exact_containers: bool = True) -> None:
     """Raise AssertionError naming the first difference between two sequences of batches (their count too)."""
     got, expected = list(got), list(expected)
     if len(got) != len(expected):
         raise AssertionError(f"{what}: {len(got)} batches != {len(expected)}")
     for i, (a, b) in enumerate(zip(got, expected)):
-        difference = batch_difference(a, b, f"batch {i}")
+        difference = batch_difference(a, b, f"batch {i}", exact_containers=exact_containers)
         if difference is not None:
             raise AssertionError(f"{what}: {difference}")
 
@@ -98,7 +103,8 @@ def first_batches(loader: Iterable, n: int = CHECK_BATCHES) -> list:
 
 
 def check_first_batches(what: str, reference: Callable[[], Iterable], loaders: Mapping[Any, Callable[[], Iterable]],
-                        n: int = CHECK_BATCHES, reference_name: str = "the reference loader") -> None:
+                        n: int = CHECK_BATCHES, reference_name: str = "the reference loader", *,
+                        exact_containers: bool = True) -> None:
     """Raise AssertionError unless every loader's first ``n`` batches equal ``reference``'s.
 
     ``reference`` and each of ``loaders``' values make a fresh loader; the error names the setting and where
@@ -107,6 +113,6 @@ def check_first_batches(what: str, reference: Callable[[], Iterable], loaders: M
     expected = first_batches(reference(), n)
     for key, make in loaders.items():
         try:
-            assert_same_batches(first_batches(make(), n), expected, f"{what}: {key}")
+            assert_same_batches(first_batches(make(), n), expected, f"{what}: {key}", exact_containers=exact_containers)
         except AssertionError as error:
             raise AssertionError(f"{error} (against {reference_name}'s)") from None
