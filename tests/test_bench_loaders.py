@@ -113,6 +113,12 @@ def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick
     if not missing("matplotlib"):
         for name in ("overhead_per_batch.png", "overhead_trace.png"):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        from minidl.bench import replot
+
+        figure = replot.overhead(out)["overhead_per_batch.png"]  # redrawn from the CSV: every method has its dot
+        labels = [t.get_text() for t in figure.axes[0].get_yticklabels()]
+        assert labels == [f"batch {bs}, {w} workers · {m}" for bs in BATCH_SIZES for w in WORKERS
+                          for m in methods_for(w)]
 
 
 # --- the workloads, without running a suite -------------------------------------------------------
