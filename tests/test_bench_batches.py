@@ -16,6 +16,7 @@ from minidl.bench.batches import (
     check_first_batches,
     first_batches,
     same_batch,
+    same_batches,
 )
 
 Point = collections.namedtuple("Point", ["x", "y"])
@@ -112,3 +113,10 @@ def test_exact_containers_false_lets_a_list_stand_for_a_tuple_and_nothing_else()
     assert not same_batch((images, labels), [images, labels + 1], exact_containers=False)
     assert not same_batch((images,), {"images": images}, exact_containers=False)
     assert not same_batch([(1, 2)], [(1, 2, 3)], exact_containers=False)
+
+
+def test_same_batches_compares_count_and_each_batch_in_order():
+    assert same_batches([[1], (2,)], [[1], (2,)])
+    assert not same_batches([[1]], [[1], [2]])
+    assert not same_batches([[1], [2]], [[2], [1]])
+    assert not same_batches([(1,)], [[1]]) and same_batches([(1,)], [[1]], exact_containers=False)

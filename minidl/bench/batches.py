@@ -77,6 +77,13 @@ def assert_same_batch(a: Any, b: Any, path: str = "batch", *, exact_containers: 
         raise AssertionError(difference)
 
 
+def same_batches(got: Iterable, expected: Iterable, *, exact_containers: bool = True) -> bool:
+    """Whether two sequences of batches have the same length and the same batches, in order."""
+    got, expected = list(got), list(expected)
+    return len(got) == len(expected) and all(same_batch(a, b, exact_containers=exact_containers)
+                                             for a, b in zip(got, expected))
+
+
 def assert_same_batches(got: Iterable, expected: Iterable, what: str = "batches", *,
                         exact_containers: bool = True) -> None:
     """Raise AssertionError naming the first difference between two sequences of batches (their count too)."""

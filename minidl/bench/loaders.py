@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from minidl.bench import workloads
-from minidl.bench.batches import check_first_batches
+from minidl.bench.batches import check_first_batches, first_batches, same_batch  # noqa: F401 (notebook 10 uses them)
 from minidl.bench.harness import Session, Timing, median_ci, missing
 from minidl.bench.machine import core_count, machine_info
 

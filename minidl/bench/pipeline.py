@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 import minidl
+from minidl.bench import batches
 from minidl.bench.batches import check_first_batches
 from minidl.bench.harness import Session, Timing, missing
 from minidl.bench.loaders import CI, Epoch, paired_ratio, run_epoch, run_rounds, text_table, timing, write_rows
@@ -107,6 +108,11 @@ def make_loader(method: str, dataset: Any, workers: int, order: Sequence[int]) -
 
 
 CHECK_BATCHES = 3  # batches compared with the pure-Python loop's before a loader is timed
+
+
+def same_batches(a: Sequence, b: Sequence) -> bool:
+    """Whether two lists of (images, labels) batches are equal: shapes, dtypes and every value (list or tuple)."""
+    return batches.same_batches(a, b, exact_containers=False)
 
 
 def check(loaders: Mapping[Any, Callable[[], Iterable]], reference: Iterable, what: str) -> None:
