@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ torch = pytest.importorskip("torch")
 import minidl.bench  # noqa: E402
 from minidl.bench import gpu  # noqa: E402
 from minidl.bench.harness import COLUMNS, Session, main, missing  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class Bar:
@@ -69,6 +72,40 @@ def test_without_cuda_the_cli_exits_cleanly(tmp_path, monkeypatch, capsys):
     assert not list(tmp_path.glob("*.png"))
     # The harness writes a CSV for every suite it ran; this one has a header and no rows.
     assert not (tmp_path / "gpu.csv").exists() or read_rows(tmp_path / "gpu.csv") == []
+
+
+@pytest.mark.usefixtures("registered")
+def test_without_tqdm_the_cli_prints_plain_lines(tmp_path, monkeypatch, capsys):
+    # The GPU machine's own Python may lack tqdm: the harness then prints what the bar would have written.
+    from minidl.bench import harness
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(harness, "missing", lambda *modules: [m for m in modules if m == "tqdm"])
+    monkeypatch.setitem(sys.modules, "tqdm", None)  # importing it would fail
+    assert main(["gpu", "--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "[gpu] skipped the whole suite: it needs CUDA" in out and "[gpu] measured nothing: no CSV written" in out
+
+
+def test_gpu_check_script_without_cuda_says_so_and_exits_cleanly(tmp_path):
+    out = tmp_path / "run"
+    # An empty CUDA_VISIBLE_DEVICES hides any GPU, so this holds on a GPU machine too.
+    env = os.environ | {"PYTHON": sys.executable, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(out)], env=env, cwd=tmp_path,
+                            capture_output=True, text=True, timeout=150)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "== no CUDA here: nothing to test or measure" in result.stdout
+    assert f"torch {torch.__version__}, built for CUDA {torch.version.cuda}" in result.stdout
+    assert "torch.cuda.is_available() is False" in result.stdout
+    assert "== gpu-marked tests" not in result.stdout  # nothing was run
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_check.log"]
+    assert (out / "gpu_check.log").read_text() == result.stdout  # the log is everything it printed
+
+
+def test_gpu_check_script_needs_its_output_folder():
+    result = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2 and "usage:" in result.stderr
 
 
 def test_importing_the_suite_does_not_import_torch():

@@ -89,27 +89,36 @@ def test_loaders_suite_measures_every_backend_workload_and_worker_count(quick_ru
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick_run):
-    from minidl.bench.overhead import BATCH_SIZES, QUICK, TRACE_BACKENDS, WORKERS, backends_for
+    from minidl.bench.overhead import BATCH_SIZES, QUICK, STATEFUL, TRACE_BACKENDS, WORKERS, methods_for
 
     out, output = quick_run
     assert "loader's own cost per batch" in output and "tracing: with trace=True / without" in output
+    assert "resume layer's cost per batch, µs: stateful=True beside stateful=False" in output
+    assert {m for w in WORKERS for m in methods_for(w) if m.endswith(STATEFUL)} == {
+        "minidl stateful=True", "minidl process stateful=True", "minidl thread stateful=True"}
     rows = read_csv(out / "overhead.csv")
     check_rows(rows)
     keys = set(by_key(rows))
-    expected = {(f"{what}, {w} workers", backend, w, bs) for what in ("per-batch", "first batch")
-                for bs in BATCH_SIZES for w in WORKERS for backend in backends_for(w)}
+    expected = {(f"{what}, {w} workers", method, w, bs) for what in ("per-batch", "first batch")
+                for bs in BATCH_SIZES for w in WORKERS for method in methods_for(w)}
     expected |= {(f"trace numpy, {backend}, {w} workers", method, w, QUICK.trace_samples)
                  for w, backend in TRACE_BACKENDS for method in ("trace off", "trace=True")}
     assert expected == keys
     rounds = read_csv(out / "overhead_rounds.csv", columns=None)
     assert {(int(r["batch_size"]), int(r["workers"]), r["method"], int(r["round"])) for r in rounds} == {
-        (bs, w, b, i) for bs in BATCH_SIZES for w in WORKERS for b in backends_for(w) for i in range(QUICK.repeats + 1)}
+        (bs, w, m, i) for bs in BATCH_SIZES for w in WORKERS for m in methods_for(w) for i in range(QUICK.repeats + 1)}
     assert all(float(r["per_batch_s"]) > 0 and float(r["first_batch_s"]) > 0 for r in rounds)
     baselines = {(r["task"], r["method"]) for r in rows if r["speedup"] == "1"}
     assert {t for t, _ in baselines} == {task for task, *_ in expected}  # every group has its baseline
     if not missing("matplotlib"):
         for name in ("overhead_per_batch.png", "overhead_trace.png"):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+        from minidl.bench import replot
+
+        figure = replot.overhead(out)["overhead_per_batch.png"]  # redrawn from the CSV: every method has its dot
+        labels = [t.get_text() for t in figure.axes[0].get_yticklabels()]
+        assert labels == [f"batch {bs}, {w} workers · {m}" for bs in BATCH_SIZES for w in WORKERS
+                          for m in methods_for(w)]
 
 
 # --- the workloads, without running a suite -------------------------------------------------------

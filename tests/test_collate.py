@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minidl.worker
+from minidl.bench.batches import assert_same_batch
 from minidl.collate import (
     TorchTensor,
     collate,
@@ -81,26 +82,6 @@ def tagged(**kwargs):
     return d
 
 
-def assert_same(a, b):
-    """Same container types all the way down; tensor leaves equal with the same dtype."""
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (a, b)
-    elif isinstance(a, np.ndarray):
-        assert a.dtype == b.dtype and np.array_equal(a, b), (a, b)
-    elif isinstance(a, Mapping):
-        assert list(a.keys()) == list(b.keys())
-        assert getattr(a, "tag", None) == getattr(b, "tag", None)
-        for key in a:
-            assert_same(a[key], b[key])
-    elif isinstance(a, (Sequence, tuple)) and not isinstance(a, (str, bytes)):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    else:
-        assert a == b
-
-
 def sample(kind: str, i: int):
     """The i-th sample of one kind; samples of a kind share their structure and shapes."""
     rng = np.random.default_rng(i)
@@ -153,13 +134,13 @@ TORCH_FREE_KINDS = [k for k in KINDS if not k.startswith("tensor") and k != "nam
 @pytest.mark.parametrize("kind", KINDS)
 def test_default_collate_matches_torch(kind):
     batch = [sample(kind, i) for i in range(3)]
-    assert_same(default_collate(batch), torch_collate.default_collate(copy.deepcopy(batch)))
+    assert_same_batch(default_collate(batch), torch_collate.default_collate(copy.deepcopy(batch)))
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_default_convert_matches_torch(kind):
     data = sample(kind, 1)
-    assert_same(default_convert(data), torch_collate.default_convert(copy.deepcopy(data)))
+    assert_same_batch(default_convert(data), torch_collate.default_convert(copy.deepcopy(data)))
 
 
 @pytest.mark.parametrize(
@@ -168,7 +149,7 @@ def test_default_convert_matches_torch(kind):
     ids=["unicode", "bytes", "object", "list"],
 )
 def test_default_convert_leaves_string_and_object_arrays(data):
-    assert_same(default_convert(data), torch_collate.default_convert(data))
+    assert_same_batch(default_convert(data), torch_collate.default_convert(data))
 
 
 def test_registry_has_torchs_leaf_types():
@@ -196,8 +177,8 @@ def test_custom_type_in_a_copied_registry_matches_torch():
         batch, collate_fn_map={**torch_collate.default_collate_fn_map, Box: collate_box_fn}
     )
     assert type(ours["box"]) is Box
-    assert_same(ours["box"].value, theirs["box"].value)
-    assert_same(ours["n"], theirs["n"])
+    assert_same_batch(ours["box"].value, theirs["box"].value)
+    assert_same_batch(ours["n"], theirs["n"])
     with pytest.raises(TypeError):
         default_collate(batch)  # the shared registry was not touched
 
@@ -206,7 +187,7 @@ def test_registry_found_by_isinstance_and_overridable_by_exact_type():
     class MyFloat(float):
         pass
 
-    assert_same(default_collate([MyFloat(1.5), MyFloat(2.0)]), torch.tensor([1.5, 2.0], dtype=torch.float64))
+    assert_same_batch(default_collate([MyFloat(1.5), MyFloat(2.0)]), torch.tensor([1.5, 2.0], dtype=torch.float64))
 
     def as_sum(batch, *, collate_fn_map=None):
         return sum(batch)
@@ -214,7 +195,7 @@ def test_registry_found_by_isinstance_and_overridable_by_exact_type():
     def both(registry):
         return collate([torch.ones(2), torch.ones(2)], collate_fn_map={**registry, torch.Tensor: as_sum})
 
-    assert_same(both(default_collate_fn_map), both(torch_collate.default_collate_fn_map))
+    assert_same_batch(both(default_collate_fn_map), both(torch_collate.default_collate_fn_map))
 
 
 def test_collate_without_a_registry_recurses_then_rejects_leaves():
@@ -356,7 +337,7 @@ def test_process_worker_stacks_into_shared_memory():
     batch = [torch.arange(3.0) + i for i in range(4)]
     out = in_worker("multiprocessing")(default_collate, batch)
     assert out.is_shared()
-    assert_same(out, torch.stack(batch))
+    assert_same_batch(out, torch.stack(batch))
     from_numpy = in_worker("multiprocessing")(default_collate, [np.ones(2, dtype=np.int16)] * 2)
     assert from_numpy.is_shared() and from_numpy.dtype == torch.int16
     with pytest.raises(RuntimeError, match=r"\[3\] at entry 0 and \[4\] at entry 1"):

@@ -13,6 +13,7 @@ import torch.utils.data as tud  # noqa: E402
 from loadertools import TorchShardedRange  # noqa: E402
 
 import minidl  # noqa: E402
+from minidl.bench.batches import assert_same_batch  # noqa: E402
 from minidl.course import toy  # noqa: E402
 
 Point = collections.namedtuple("Point", ["x", "y"])
@@ -34,23 +35,6 @@ class NestedDataset(minidl.Dataset):
             "tuple": (i, torch.tensor([i, -i])),
             "point": Point(i, float(i)),
         }
-
-
-def assert_same(a, b, path="batch"):
-    """Recursively: same container types, and torch.equal with the same dtype on tensor leaves."""
-    assert type(a) is type(b), f"{path}: {type(a)} != {type(b)}"
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and torch.equal(a, b), f"{path}: {a} != {b}"
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), path
-        for k in a:
-            assert_same(a[k], b[k], f"{path}[{k!r}]")
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 def both(dataset_factory, seed=0, **kwargs):
@@ -82,13 +66,13 @@ def test_same_batches_as_torch(name, batch_size, drop_last, shuffle):
     if batch_size is None and drop_last:
         return  # an invalid combination, covered by test_bad_arguments
     ours, theirs = both(DATASETS[name], batch_size=batch_size, drop_last=drop_last, shuffle=shuffle, seeded=shuffle)
-    assert_same(ours, theirs)
+    assert_same_batch(ours, theirs)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 7])
 def test_shuffle_without_generator_follows_torch_global_seed(seed):
     ours, theirs = both(lambda: toy.RangeDataset(30), seed=seed, batch_size=4, shuffle=True)
-    assert_same(ours, theirs)
+    assert_same_batch(ours, theirs)
 
 
 def test_every_sampler_gives_torch_batches():
@@ -106,11 +90,11 @@ def test_every_sampler_gives_torch_batches():
         for mod in (minidl, tud):
             g = torch.Generator().manual_seed(3)
             batches.append(list(mod.DataLoader(toy.RangeDataset(n), batch_size=4, sampler=make(mod, g))))
-        assert_same(*batches, path=name)
+        assert_same_batch(*batches, path=name)
     # a custom batch_sampler, and a plain list as sampler
     for kw in (dict(batch_sampler=[[3, 1], [0, 2, 4]]), dict(sampler=[5, 2, 9], batch_size=2)):
         ours, theirs = both(lambda: toy.RangeDataset(n), **kw)
-        assert_same(ours, theirs)
+        assert_same_batch(ours, theirs)
 
 
 def test_random_split_subsets_load_like_torch():
@@ -119,7 +103,7 @@ def test_random_split_subsets_load_like_torch():
         g = torch.Generator().manual_seed(11)
         subsets = mod.random_split(toy.RangeDataset(20), [0.5, 0.3, 0.2], generator=g)
         parts.append([list(mod.DataLoader(s, batch_size=3)) for s in subsets])
-    assert_same(*parts)
+    assert_same_batch(*parts)
 
 
 def test_iterable_dataset_batches_and_len():
@@ -127,7 +111,7 @@ def test_iterable_dataset_batches_and_len():
         loaders = [minidl.DataLoader(toy.ShardedRange(0, 10), batch_size=batch_size, drop_last=drop_last),
                    tud.DataLoader(TorchShardedRange(0, 10), batch_size=batch_size, drop_last=drop_last)]
         assert len(loaders[0]) == len(loaders[1])
-        assert_same(list(loaders[0]), list(loaders[1]))
+        assert_same_batch(list(loaders[0]), list(loaders[1]))
 
 
 class _TooShort(minidl.IterableDataset):
@@ -139,7 +123,7 @@ class _TooShort(minidl.IterableDataset):
 
 
 def test_torch_iterable_dataset_runs_on_minidl():
-    assert_same(list(minidl.DataLoader(TorchShardedRange(0, 7), batch_size=3)),
+    assert_same_batch(list(minidl.DataLoader(TorchShardedRange(0, 7), batch_size=3)),
                 list(tud.DataLoader(TorchShardedRange(0, 7), batch_size=3)))
 
 

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import minidl._random
 import minidl.dataset
+from minidl.bench.batches import assert_same_batch
 from minidl.dataset import (
     ChainDataset,
     ConcatDataset,
@@ -29,17 +30,6 @@ except ImportError:  # the NumPy-only tests below still run
 
 needs_torch = pytest.mark.skipif(torch is None, reason="torch is the oracle")
 few = settings(max_examples=50, deadline=None)
-
-
-def same(a, b):
-    """Equal structures of tuples/lists/dicts whose leaves are tensors (torch.equal) or plain values."""
-    if isinstance(a, (tuple, list)):
-        return type(a) is type(b) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
-    if torch is not None and isinstance(a, torch.Tensor):
-        return torch.equal(a, b)
-    return a == b
 
 
 class Squares(Dataset):
@@ -113,7 +103,7 @@ def test_tensor_dataset_matches_torch():
     ours, theirs = TensorDataset(x, y), tud.TensorDataset(x, y)
     assert len(ours) == len(theirs) == 10
     for i in [*range(10), -1, slice(2, 5), [1, 3]]:
-        assert same(ours[i], theirs[i])
+        assert_same_batch(ours[i], theirs[i])
 
 
 def test_tensor_dataset_with_numpy():
@@ -145,7 +135,7 @@ def test_concat_dataset_matches_torch():
     assert len(ours) == len(theirs) == 12
     assert ours.cumulative_sizes == theirs.cumulative_sizes == [3, 3, 7, 12]
     for i in range(-12, 12):
-        assert same(ours[i], theirs[i])
+        assert_same_batch(ours[i], theirs[i])
     for bad in [-13, 12]:
         for ds in (ours, theirs):
             with pytest.raises((ValueError, IndexError)):
@@ -197,9 +187,9 @@ def test_subset_matches_torch():
     ours, theirs = Subset(data, indices), tud.Subset(data, indices)
     assert len(ours) == len(theirs)
     for i in range(-4, 4):
-        assert same(ours[i], theirs[i])
-    assert same(ours[[0, 2]], theirs[[0, 2]])
-    assert same(ours.__getitems__([3, 1]), theirs.__getitems__([3, 1]))
+        assert_same_batch(ours[i], theirs[i])
+    assert_same_batch(ours[[0, 2]], theirs[[0, 2]])
+    assert_same_batch(ours.__getitems__([3, 1]), theirs.__getitems__([3, 1]))
 
 
 def test_subset_uses_parent_getitems():
@@ -240,9 +230,9 @@ def test_stack_dataset_matches_torch():
         ours, theirs = StackDataset(*args, **kwargs), tud.StackDataset(*args, **kwargs)
         assert len(ours) == len(theirs) == 5
         for i in range(5):
-            assert same(ours[i], theirs[i])
+            assert_same_batch(ours[i], theirs[i])
         for indices in ([], [4, 0, 2]):
-            assert same(ours.__getitems__(indices), theirs.__getitems__(indices))
+            assert_same_batch(ours.__getitems__(indices), theirs.__getitems__(indices))
 
 
 def test_stack_dataset_errors():

@@ -94,3 +94,36 @@ def test_the_nbval_sanitize_file_makes_two_machines_print_the_same_line():
     assert intel != amd
     assert sanitized(intel) == sanitized(amd)
     assert sanitized(intel).endswith("Python 3.11.7 (GIL) · torch 2.13.0 · NumPy 2.4.6 · Numba 0.68.1")
+
+
+def test_the_wheel_ships_license_and_notice_and_its_metadata_names_them(tmp_path):
+    # Built from a copy (setuptools writes build/ and *.egg-info next to pyproject.toml), without build
+    # isolation: the venv's setuptools builds it, no package index is needed.
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    # The free-threaded .venv-ft (make test-ft) may have no setuptools; .venv has (84 here).
+    pytest.importorskip("setuptools", minversion="77", reason="building the wheel needs setuptools >= 77")
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "LICENSE", "NOTICE"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "minidl", src / "minidl", ignore=shutil.ignore_patterns("__pycache__"))
+    code = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
+    result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dist")], cwd=src, capture_output=True,
+                            text=True, timeout=100)
+    assert result.returncode == 0, result.stderr
+    wheel = tmp_path / "dist" / result.stdout.strip().splitlines()[-1]
+    with zipfile.ZipFile(wheel) as zf:
+        info = next(n.split("/")[0] for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = zf.read(f"{info}/METADATA").decode()
+        shipped = {name: zf.read(f"{info}/licenses/{name}").decode() for name in ("LICENSE", "NOTICE")}
+    headers = metadata.split("\n\n")[0].splitlines()
+    assert "License-Expression: MIT" in headers
+    assert [h for h in headers if h.startswith("License-File:")] == ["License-File: LICENSE", "License-File: NOTICE"]
+    assert shipped == {name: (ROOT / name).read_text() for name in ("LICENSE", "NOTICE")}
+    assert shipped["LICENSE"].startswith("MIT License") and "the minidl authors" in shipped["LICENSE"]
+    for followed in ("PyTorch", "BSD-3-Clause", "torchdata", "StatefulDataLoader", "SeedSequence"):
+        assert followed in shipped["NOTICE"], followed

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from torch.nn.utils.rnn import pad_sequence as torch_pad_sequence
 
 import minidl
+from minidl.bench.batches import assert_same_batch
 from minidl.course.padding import pad_collate, pad_sequence
 
 Pair = collections.namedtuple("Pair", ["tokens", "label"])
@@ -22,35 +23,19 @@ def ragged(lengths, trailing=(), dtype=torch.int64, seed=0):
     return [torch.randint(0, 100, (n, *trailing), generator=g).to(dtype) for n in lengths]
 
 
-def assert_same(a, b):
-    assert type(a) is type(b), (type(a), type(b))
-    if isinstance(a, torch.Tensor):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (a, b)
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert_same(a[k], b[k])
-    elif isinstance(a, list | tuple):
-        assert len(a) == len(b)
-        for x, y in zip(a, b):
-            assert_same(x, y)
-    else:
-        assert a == b
-
-
 @pytest.mark.parametrize("lengths", [[3, 1, 2], [1], [4, 4], [0, 2], [0, 0], [5, 1, 1, 7]])
 @pytest.mark.parametrize("trailing", [(), (2,), (2, 3)])
 @pytest.mark.parametrize("padding_side", ["right", "left"])
 def test_pad_sequence_matches_torch(lengths, trailing, padding_side):
     seqs = ragged(lengths, trailing)
     expected = torch_pad_sequence(seqs, batch_first=True, padding_value=-7, padding_side=padding_side)
-    assert_same(pad_sequence(seqs, padding_value=-7, padding_side=padding_side), expected)
+    assert_same_batch(pad_sequence(seqs, padding_value=-7, padding_side=padding_side), expected)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int32, torch.bool])
 def test_pad_sequence_keeps_dtype(dtype):
     seqs = ragged([2, 5], dtype=dtype)
-    assert_same(pad_sequence(seqs), torch_pad_sequence(seqs, batch_first=True))
+    assert_same_batch(pad_sequence(seqs), torch_pad_sequence(seqs, batch_first=True))
 
 
 @settings(max_examples=60, deadline=None)
@@ -63,7 +48,7 @@ def test_pad_sequence_keeps_dtype(dtype):
 def test_pad_sequence_property(lengths, trailing, padding_value, seed):
     seqs = ragged(lengths, trailing, seed=seed)
     out = pad_sequence(seqs, padding_value=padding_value)
-    assert_same(out, torch_pad_sequence(seqs, batch_first=True, padding_value=padding_value))
+    assert_same_batch(out, torch_pad_sequence(seqs, batch_first=True, padding_value=padding_value))
     # Each row holds its sequence, then nothing but padding.
     for row, seq in zip(out, seqs):
         assert torch.equal(row[: len(seq)], seq)
@@ -92,14 +77,14 @@ def test_pad_collate_pads_nested_fields():
         "pair": Pair(padded, torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64)),
         "name": ["s0", "s1", "s2"],
     }
-    assert_same(pad_collate(batch, padding_value=-1), expected)
+    assert_same_batch(pad_collate(batch, padding_value=-1), expected)
 
 
 @settings(max_examples=30, deadline=None)
 @given(shape=st.lists(st.integers(1, 4), min_size=0, max_size=3), batch_size=st.integers(1, 4))
 def test_pad_collate_equals_default_collate_when_nothing_is_ragged(shape, batch_size):
     batch = [(np.full(shape, i, dtype=np.float32), i) for i in range(batch_size)]
-    assert_same(pad_collate(batch), minidl.default_collate(batch))
+    assert_same_batch(pad_collate(batch), minidl.default_collate(batch))
 
 
 def test_pad_collate_in_a_dataloader_matches_torch(no_leaks):
@@ -116,7 +101,7 @@ def test_pad_collate_in_a_dataloader_matches_torch(no_leaks):
         got = list(loader)
         assert len(got) == len(expected)
         for g, e in zip(got, expected):
-            assert_same(g, e)
+            assert_same_batch(g, e)
 
 
 def test_partial_pad_collate_pickles():

@@ -24,6 +24,7 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  #
 
 import minidl  # noqa: E402
 import minidl.dataloader  # noqa: E402
+from minidl.bench.batches import assert_same_batch  # noqa: E402
 from minidl.course import toy  # noqa: E402
 from minidl.pin_memory import _pin_memory_loop, pin_memory  # noqa: E402
 from minidl.worker import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper  # noqa: E402
@@ -45,6 +46,11 @@ class Pinnable:
 
     def __repr__(self) -> str:
         return f"Pinnable({self.value!r}, pinned_in={self.pinned_in!r})"
+
+    def __eq__(self, other: object) -> bool:  # what assert_same_batch compares on a leaf: the value and who pinned it
+        return type(other) is Pinnable and (self.value, self.pinned_in) == (other.value, other.pinned_in)
+
+    __hash__ = None
 
 
 class Unpinnable:
@@ -150,32 +156,11 @@ def leaves(data):
     return []
 
 
-def assert_same(ours, theirs, path="data"):
-    """Same container types (and extra attributes) all the way down, and the same pinned leaves."""
-    assert type(ours) is type(theirs), f"{path}: {type(ours).__name__} != {type(theirs).__name__}"
-    if isinstance(ours, Pinnable):
-        assert (ours.value, ours.pinned_in) == (theirs.value, theirs.pinned_in), f"{path}: {ours} != {theirs}"
-    elif isinstance(ours, Mapping):
-        assert list(ours) == list(theirs), path
-        for k in ours:
-            assert_same(ours[k], theirs[k], f"{path}[{k!r}]")
-    elif isinstance(ours, str | bytes):
-        assert ours == theirs, path
-    elif isinstance(ours, collections.abc.Iterable):
-        assert len(ours) == len(theirs), path
-        for i, (a, b) in enumerate(zip(ours, theirs)):
-            assert_same(a, b, f"{path}[{i}]")
-    else:
-        assert ours == theirs, f"{path}: {ours!r} != {theirs!r}"
-    assert getattr(ours, "tag", None) == getattr(theirs, "tag", None), f"{path}: extra attribute lost"
-    assert getattr(ours, "default_factory", None) == getattr(theirs, "default_factory", None), path
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_pin_memory_matches_torch(case):
     data = CASES[case]()
     ours, theirs = pin_memory(data), torch_pin_memory(CASES[case]())
-    assert_same(ours, theirs)
+    assert_same_batch(ours, theirs)
     me = threading.current_thread().name
     assert all(leaf.calls == [me] for leaf in leaves(data)), "every leaf pinned exactly once"
     assert all(leaf.pinned_in == me for leaf in leaves(ours))
@@ -185,7 +170,7 @@ def test_pin_memory_matches_torch(case):
 def test_pin_memory_keeps_a_deque_like_torch():
     ours, theirs = pin_memory(collections.deque([Pinnable(1)])), torch_pin_memory(collections.deque([Pinnable(1)]))
     assert type(theirs) is collections.deque
-    assert_same(ours, theirs)
+    assert_same_batch(ours, theirs)
 
 
 def outcome(fn, data):

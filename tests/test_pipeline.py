@@ -7,6 +7,7 @@ torch's DataLoader and a multiprocessing.Pool, and must give the serial loop's b
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import subprocess
@@ -19,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidl
+from minidl.bench import batches
 from minidl.bench.harness import missing
 from minidl.course import pipeline as P
 from minidl.course import toy
@@ -29,17 +31,12 @@ needs_numba = pytest.mark.skipif(bool(missing("numba")), reason="needs Numba")
 needs_torch = pytest.mark.skipif(bool(missing("torch")), reason="needs torch")
 
 
+# The "batch" variant hands out its (images, labels) tuple as it is; collated ones are lists.
+assert_same_batches = functools.partial(batches.assert_same_batches, exact_containers=False)
+
+
 def batch_of(dataset, indices):
     return P.collate_fn_for(dataset)([dataset[i] for i in indices])
-
-
-def assert_same_batches(got, expected):
-    got, expected = list(got), list(expected)
-    assert len(got) == len(expected)
-    for (images, labels), (want_images, want_labels) in zip(got, expected):
-        assert images.dtype == want_images.dtype == np.float32
-        np.testing.assert_array_equal(images, want_images)
-        np.testing.assert_array_equal(labels, want_labels)
 
 
 # --- the codec and the transform --------------------------------------------------------------------

@@ -14,7 +14,8 @@ Adding a suite (``loaders``, ``overhead``, ``gpu``, ``threads``, ...) takes two 
    ``def run(session: Session) -> None``. Inside ``run``, call ``session.plan(n)`` with the number of
    measurements, ``session.measure(task, method, fn, ...)`` for each (it warms up, times repeats and
    records a CSV row), and ``session.savefig(fig, "<name>_<what>.png")`` for each plot made with
-   ``minidl.bench.plot``. ``session.quick`` says whether to shrink sizes.
+   ``minidl.bench.plot``. ``session.quick`` says whether to shrink sizes. A suite that times loaders
+   first checks their batches against a reference loader's with ``minidl.bench.batches.check_first_batches``.
 2. Add one line to ``SUITES`` below. Suites are imported only when run, so a suite that needs torch
    or Numba never breaks the others, and ``import minidl`` imports none of this package.
 """

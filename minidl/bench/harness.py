@@ -142,15 +142,44 @@ def write_csv(rows: Sequence[Row], path: Path) -> Path:
     return path
 
 
+class PlainBar:
+    """Stands in for tqdm's bar where tqdm is not installed (a bare GPU machine): no bar, the lines still print."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def __enter__(self) -> PlainBar:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def refresh(self) -> None:
+        pass
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def write(self, s: str) -> None:
+        print(s, flush=True)
+
+
 def run_suites(names: Sequence[str], quick: bool, out: Path) -> list[Row]:
     """Run the named suites in order; each writes ``<out>/<suite>.csv`` and its PNGs."""
-    from tqdm import tqdm
-
     from minidl.bench import SUITES
 
     out.mkdir(parents=True, exist_ok=True)
     all_rows: list[Row] = []
-    with tqdm(total=0, unit="measurement", file=sys.stderr, dynamic_ncols=True, delay=0.2) as bar:
+    if missing("tqdm"):
+        progress = PlainBar()
+    else:
+        from tqdm import tqdm
+
+        progress = tqdm(total=0, unit="measurement", file=sys.stderr, dynamic_ncols=True, delay=0.2)
+    with progress as bar:
         for name in names:
             module = importlib.import_module(SUITES[name])
             absent = missing(*getattr(module, "REQUIRES", ()))

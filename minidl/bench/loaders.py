@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from minidl.bench import workloads
+from minidl.bench.batches import check_first_batches, first_batches, same_batch  # noqa: F401 (notebook 10 uses them)
 from minidl.bench.harness import Session, Timing, median_ci, missing
 from minidl.bench.machine import core_count, machine_info
 
@@ -216,33 +217,11 @@ def timing(values: Sequence[float]) -> Timing:
 
 # --- checking the batches ---------------------------------------------------------------------------
 
-def same_batch(a: Any, b: Any) -> bool:
-    """Whether two collated batches hold the same tensors (dtype, shape and every value) in the same structure."""
-    import torch
-
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and torch.equal(a, b))
-    if isinstance(a, list | tuple):
-        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same_batch, a, b))
-    return type(a) is type(b) and a == b
-
-
-def first_batches(loader: Iterable, n: int = CHECK_BATCHES) -> list:
-    """The first ``n`` batches; leaving the loop early shuts the workers down."""
-    it = iter(loader)
-    batches = [next(it) for _ in range(n)]
-    del it
-    return batches
-
-
 def check_backends(name: str, dataset: Any, num_workers: int = 2, **kwargs: Any) -> None:
     """Raise unless every backend's first batches equal torch's (``num_workers`` workers, ``kwargs`` as given)."""
-    reference = first_batches(make_loader("torch", dataset, num_workers, **kwargs))
-    for backend in BACKENDS[1:]:
-        batches = first_batches(make_loader(backend, dataset, num_workers, **kwargs))
-        if not all(map(same_batch, batches, reference)):
-            raise AssertionError(f"{name}: {backend} batches differ from torch's")
+    loaders = {b: partial(make_loader, b, dataset, num_workers, **kwargs) for b in BACKENDS[1:]}
+    check_first_batches(name, partial(make_loader, "torch", dataset, num_workers, **kwargs), loaders, CHECK_BATCHES,
+                        "torch")
 
 
 # --- the suite ------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ Tasks (the CSV's ``task``, with what its ``size`` counts):
 * ``per-batch, <w> workers`` (batch size): a dataset that returns its index, so the time is the loader's
   own: sampler, fetch, collate, and with workers the queues, pickling and reordering. The figure is the
   steady state, from the first batch to the last, divided by the batches between (startup and shutdown
-  left out). Batch size 1 and 64, ``num_workers`` 0 and 2; torch, minidl processes, minidl threads;
-  speedup against torch at the same settings (below 1: minidl costs more).
+  left out). Batch size 1 and 64, ``num_workers`` 0 and 2; torch, minidl processes, minidl threads,
+  and each minidl one again with ``stateful=True`` (method ``<backend> stateful=True``: the resume layer,
+  which ``state_dict()`` needs); speedup against torch at the same settings (below 1: minidl costs more).
 * ``first batch, <w> workers`` (batch size): ``iter()`` until the first batch of that trivial dataset:
   worker start alone, with almost no work to wait for.
 * ``trace numpy, <backend>, <w> workers`` (samples): a minidl epoch of the ``numpy`` workload with
@@ -15,7 +16,8 @@ Tasks (the CSV's ``task``, with what its ``size`` counts):
   see ``traced_epochs`` for why.
 
 As in the ``loaders`` suite, compared loaders run in rotating rounds after a warm-up round, and every
-backend's first batches (traced ones too) are checked against torch's before anything is timed.
+backend's first batches (traced and stateful ones too) are checked against torch's before anything is timed
+(``minidl.bench.batches.check_first_batches``).
 Every round's per-batch cost and first batch also go to ``overhead_rounds.csv``.
 """
 
@@ -36,19 +38,17 @@ from functools import partial
 from typing import Any
 
 from minidl.bench import workloads
+from minidl.bench.batches import check_first_batches
 from minidl.bench.harness import Session, Timing, format_seconds, missing
 from minidl.bench.loaders import (
     BACKENDS,
     CI,
     Epoch,
     backends_for,
-    check_backends,
-    first_batches,
     make_loader,
     paired_ratio,
     run_epoch,
     run_rounds,
-    same_batch,
     text_table,
     timing,
     write_rows,
@@ -58,11 +58,25 @@ REQUIRES = ("torch", "psutil")
 BATCH_SIZES = (1, 64)
 WORKERS = (0, 2)
 TRACE_BACKENDS = ((0, "minidl"), (2, "minidl process"), (2, "minidl thread"))
+STATEFUL = " stateful=True"  # a method name's suffix: the same minidl backend built with stateful=True
+
+
+def methods_for(num_workers: int) -> tuple[str, ...]:
+    """The per-batch loaders compared at ``num_workers``: torch, then each minidl backend and it with stateful=True."""
+    torch, *minidl = backends_for(num_workers)
+    return (torch, *(m for b in minidl for m in (b, b + STATEFUL)))
+
+
+def make_method(method: str, dataset: Any, num_workers: int, batch_size: int) -> Iterable:
+    """A fresh loader for one of ``methods_for``'s names (only the public ``stateful=`` argument is set)."""
+    if method.endswith(STATEFUL):
+        return make_loader(method.removesuffix(STATEFUL), dataset, num_workers, batch_size=batch_size, stateful=True)
+    return make_loader(method, dataset, num_workers, batch_size=batch_size)
 
 
 @dataclass(frozen=True)
 class Sizes:
-    """Batches per epoch for each batch size, and the traced epoch's length; FULL takes about four minutes."""
+    """Batches per epoch for each batch size, and the traced epoch's length; FULL: 2.4 minutes on 2 AMD EPYC cores."""
 
     batches: Mapping[int, int]
     trace_samples: int
@@ -101,15 +115,16 @@ def run(session: Session) -> None:
 
     sizes = QUICK if session.quick else FULL
     per_batch: dict[tuple[int, int, str], list[BatchTimes]] = {}
-    per_round = len(BATCH_SIZES) * sum(len(backends_for(w)) for w in WORKERS) + 2 * len(TRACE_BACKENDS)
+    per_round = len(BATCH_SIZES) * sum(len(methods_for(w)) for w in WORKERS) + 2 * len(TRACE_BACKENDS)
     session.plan(per_round * (sizes.repeats + 1))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
         for bs in BATCH_SIZES:
             dataset = RangeDataset(bs * sizes.batches[bs])
-            check_backends(f"trivial, batch size {bs}", dataset, batch_size=bs)
             for w in WORKERS:
-                loaders = {b: partial(make_loader, b, dataset, w, batch_size=bs) for b in backends_for(w)}
+                loaders = {m: partial(make_method, m, dataset, w, bs) for m in methods_for(w)}
+                check_first_batches(f"trivial, batch size {bs}, {w} workers", loaders["torch"],
+                                    {m: make for m, make in loaders.items() if m != "torch"}, reference_name="torch")
                 progress = session.progress(f"per-batch, batch size {bs}, {w} workers:")
                 for backend, epochs in run_rounds(loaders, sizes.repeats, batch_times, progress).items():
                     per_batch[bs, w, backend] = epochs
@@ -118,15 +133,15 @@ def run(session: Session) -> None:
                                    size=bs, workers=w, baseline=backend == "torch", note=note)
                     session.record(f"first batch, {w} workers", backend, timing([e.first_batch for e in epochs]),
                                    size=bs, workers=w, baseline=backend == "torch", note="iter() to the first batch")
-                cells = ", ".join(f"{b} {format_seconds(_med(per_batch[bs, w, b]))}" for b in backends_for(w))
+                cells = ", ".join(f"{m} {format_seconds(_med(per_batch[bs, w, m]))}" for m in methods_for(w))
                 session.log(f"[overhead] batch size {bs}, {w} workers, per batch: {cells}")
 
         numpy = workloads.NumpyWorkload(sizes.trace_samples, pool=sizes.trace_images)
-        reference = first_batches(make_loader("torch", numpy, 0))
+        check_first_batches("[overhead] numpy, trace=True", partial(make_loader, "torch", numpy, 0),
+                            {f"{b}, {w} workers": partial(make_loader, b, numpy, w, trace=True)
+                             for w, b in TRACE_BACKENDS}, reference_name="torch")
         traced: dict[tuple[int, str, bool], list[Epoch]] = {}
         for w, backend in TRACE_BACKENDS:
-            if not all(map(same_batch, first_batches(make_loader(backend, numpy, w, trace=True)), reference)):
-                raise AssertionError(f"[overhead] numpy: traced {backend} batches differ from torch's")
             progress = session.progress(f"trace numpy, {backend}, {w} workers: trace=")
             faults: dict[bool, list[int]] = {}
             for on, epochs, epoch_faults in traced_epochs(backend, w, sizes, progress):
@@ -236,6 +251,16 @@ def ratio_tables(per_batch: Mapping[tuple[int, int, str], list[BatchTimes]],
                       rows)]
     rows = []
     for bs in BATCH_SIZES:
+        for w in WORKERS:
+            for backend in backends_for(w)[1:]:
+                on, off = per_batch[bs, w, backend + STATEFUL], per_batch[bs, w, backend]
+                rows.append([str(bs), str(w), backend, f"{_med(off) * 1e6:.1f}", f"{_med(on) * 1e6:.1f}",
+                             paired_ratio([a.per_batch / b.per_batch for a, b in zip(on[1:], off[1:])])])
+    out.append(text_table("resume layer's cost per batch, µs: stateful=True beside stateful=False (1.00 = free)",
+                          ["batch size", "workers", "backend", "stateful=False µs", "stateful=True µs",
+                           f"True / False per round {CI}"], rows))
+    rows = []
+    for bs in BATCH_SIZES:
         for w in WORKERS[1:]:
             first = {b: _med(per_batch[bs, w, b], "first_batch") for b in BACKENDS}
             rows.append([str(bs), str(w), *(format_seconds(first[b]) for b in BACKENDS),
@@ -268,12 +293,12 @@ def figures(costs: Mapping[tuple[int, int, str], Timing], epochs: Mapping[tuple[
     """
     from minidl.bench import plot
 
-    per_batch = {f"batch {bs}, {w} workers · {b}": costs[bs, w, b]
-                 for bs in BATCH_SIZES for w in WORKERS for b in backends_for(w)}
+    per_batch = {f"batch {bs}, {w} workers · {m}": costs[bs, w, m]
+                 for bs in BATCH_SIZES for w in WORKERS for m in methods_for(w) if (bs, w, m) in costs}
     # A few µs with no workers, tens to hundreds with them: decades, so dots on a log axis.
-    per_batch_fig = plot.dot_times(per_batch, what="time per batch, steady state", caption=caption,
-                                   groups={k: k.split(" · ")[1] for k in per_batch},
-                                   title="The loader's own cost per batch (a dataset that returns its index)")
+    per_batch_fig = plot.dot_times(per_batch, what="time per batch, steady state",
+                                   caption=caption, groups={k: k.split(" · ")[1] for k in per_batch},
+                                   title="The loader's own cost per batch (item i is i)")
     traced = {f"{b}, {w} workers{', trace=True' if on else ''}": epochs[w, b, on]
               for w, b in TRACE_BACKENDS for on in (False, True)}
     title = f"Tracing's cost: one epoch of the numpy workload ({trace_samples} samples)"

@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 
 import minidl
+from minidl.bench import batches
+from minidl.bench.batches import check_first_batches
 from minidl.bench.harness import Session, Timing, missing
 from minidl.bench.loaders import CI, Epoch, paired_ratio, run_epoch, run_rounds, text_table, timing, write_rows
 from minidl.bench.machine import core_count, describe
@@ -108,20 +110,9 @@ def make_loader(method: str, dataset: Any, workers: int, order: Sequence[int]) -
 CHECK_BATCHES = 3  # batches compared with the pure-Python loop's before a loader is timed
 
 
-def first_batches(loader: Iterable, n: int = CHECK_BATCHES) -> list:
-    """The first ``n`` batches; leaving the loop early shuts the workers (or the Pool) down."""
-    it = iter(loader)
-    batches = [batch for _, batch in zip(range(n), it)]
-    if hasattr(it, "close"):  # a generator: close() runs its `with Pool` exit now, not at garbage collection
-        it.close()
-    del it
-    return batches
-
-
 def same_batches(a: Sequence, b: Sequence) -> bool:
-    """Whether two lists of (images, labels) batches are equal: shapes, dtypes and every value."""
-    return len(a) == len(b) and all(x[0].dtype == y[0].dtype and np.array_equal(x[0], y[0]) and
-                                    np.array_equal(x[1], y[1]) for x, y in zip(a, b))
+    """Whether two lists of (images, labels) batches are equal: shapes, dtypes and every value (list or tuple)."""
+    return batches.same_batches(a, b, exact_containers=False)
 
 
 def check(loaders: Mapping[Any, Callable[[], Iterable]], reference: Iterable, what: str) -> None:
@@ -130,10 +121,7 @@ def check(loaders: Mapping[Any, Callable[[], Iterable]], reference: Iterable, wh
     The reference is the pure-Python loop (NumPy per sample for the big images of the threads group, whose
     equality with the loop ``tests/test_pipeline.py`` checks).
     """
-    expected = first_batches(reference)
-    for key, make in loaders.items():
-        if not same_batches(first_batches(make()), expected):
-            raise AssertionError(f"[pipeline] {what}: {key} gives batches that differ from the reference loader's")
+    check_first_batches(f"[pipeline] {what}", lambda: reference, loaders, CHECK_BATCHES, exact_containers=False)
 
 
 # --- the suite ------------------------------------------------------------------------------------

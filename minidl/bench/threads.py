@@ -25,11 +25,11 @@ import numpy as np
 
 import minidl
 from minidl.bench import workloads
+from minidl.bench.batches import check_first_batches
 from minidl.bench.harness import Session, missing
 from minidl.bench.loaders import (
     Epoch,
     Sizes,
-    first_batches,
     make_workloads,
     record_epochs,
     run_epoch,
@@ -85,19 +85,11 @@ def backends_for(num_workers: int) -> tuple[str, ...]:
     return ("serial",) if num_workers == 0 else BACKENDS
 
 
-def same_batch(a: Any, b: Any) -> bool:
-    """Whether two NumPy-collated batches hold the same arrays (dtype, shape, values) in the same structure."""
-    if isinstance(a, list | tuple):
-        return isinstance(b, list | tuple) and len(a) == len(b) and all(map(same_batch, a, b))
-    return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-
-
 def check_backends(name: str, dataset: Any, num_workers: int = 2) -> None:
     """Raise unless thread and process workers give the serial loader's first batches."""
-    reference = first_batches(make_loader("serial", dataset, 0))
-    for backend in BACKENDS:
-        if not all(map(same_batch, first_batches(make_loader(backend, dataset, num_workers)), reference)):
-            raise AssertionError(f"{name}: {backend} workers' batches differ from the serial loader's")
+    check_first_batches(name, partial(make_loader, "serial", dataset, 0),
+                        {f"{b} workers": partial(make_loader, b, dataset, num_workers) for b in BACKENDS},
+                        reference_name="the serial loader")
 
 
 def run(session: Session) -> None:
