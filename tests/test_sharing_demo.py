@@ -19,6 +19,7 @@ from minidl.course.sharing_demo import (  # noqa: E402
     shm_files,
     shm_maps,
     status_kib,
+    use_file_system_strategy,
     wait_for,
 )
 
@@ -69,7 +70,9 @@ def test_file_descriptor_strategy_maps_unlinked_files_and_leaves_none_in_dev_shm
 def test_file_system_strategy_leaves_named_files_until_the_batches_are_freed(no_leaks):
     torch.multiprocessing.set_sharing_strategy("file_system")
     try:
-        it = iter(minidl.DataLoader(BlockDataset(16, kib=64), batch_size=4, num_workers=2))
+        # the strategy is per process: a spawned or forkserver worker starts with the default, so it is set there too
+        it = iter(minidl.DataLoader(BlockDataset(16, kib=64), batch_size=4, num_workers=2,
+                                    worker_init_fn=use_file_system_strategy))
         pids = [w.pid for w in it._workers]
         kept = list(it)
         named = set(shm_files(pids))
