@@ -51,6 +51,7 @@ def run_one(rel: str, out: Path | None) -> tuple[str, list[str], float]:
     committed = nbformat.read(path, as_version=4)
     ran = nbformat.read(path, as_version=4)
     client = NotebookClient(ran, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=True,
+                            extra_arguments=["--Application.log_level=ERROR"],  # not its TCP warning
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.monotonic()
     try:
