@@ -4,6 +4,7 @@ rejects typical wrong answers with the hint that names the mistake.
 
 import multiprocessing
 import os
+import time
 
 import numpy as np
 import psutil
@@ -14,6 +15,7 @@ from exercise_support import (
     rejects_with_hint,
 )
 
+from minidl.bench.machine import worker_sweep
 from minidl.course.exercises import ch12_pitfalls_debug as ch12
 
 _ch12 = learner_copy("ch12_pitfalls_debug")
@@ -105,43 +107,95 @@ def test_ch12_hang_a_context_object_is_rejected():
 
 # --- ch12 part 3: how many workers ------------------------------------------------------------------------------
 
+SWEEP = (0, 1, 2, 3, 4, 6)  # the checker's SWEEP follows the core count: the tests fix it
 SWEEP_TIMES = {0: 0.48, 1: 0.50, 2: 0.30, 3: 0.26, 4: 0.22, 6: 0.31}
+ROUNDS = {w: [s * 0.95, s, s * 1.05] for w, s in SWEEP_TIMES.items()}  # what the learner's timer gave the checker
+
+
+@pytest.fixture
+def sweep(monkeypatch):
+    monkeypatch.setattr(ch12, "SWEEP", SWEEP)
+
+
+def paced_timer(times=SWEEP_TIMES, clock=time.perf_counter):
+    """An honest time_epoch: it runs (sleeps) for the epoch and returns what the clock saw."""
+    def time_epoch(w):
+        start = clock()
+        time.sleep(times[w] / 20)
+        return clock() - start
+    return time_epoch
+
+
+@pytest.mark.parametrize("cores, expected", [(1, (0, 1, 2)), (2, (0, 1, 2, 3, 4)), (8, (0, 1, 2, 4, 8, 12))])
+def test_ch12_sweep_follows_the_core_count(cores, expected):
+    assert worker_sweep(cores) == expected and ch12.SWEEP == worker_sweep()
 
 
 @pytest.mark.timeout(300)
-def test_ch12_measure_sweep_times_every_num_workers():
-    """What it measures depends on the machine's load: only its shape is asserted here (a short dataset, since
-    the sweep starts 16 workers, spawned ones under spawn)."""
-    measured = ch12.measure_sweep(rounds=1, dataset=ch12.DecodeDataset(n=8, wait=0.001, work=100))
-    assert sorted(measured) == sorted(ch12.SWEEP) and all(s > 0 for s in measured.values())
+def test_ch12_measure_sweep_runs_the_learners_timer_in_turning_rounds(sweep):
+    """The real sweep_epoch, on a short dataset (it starts workers: spawned ones under spawn), timed honestly."""
+    small, calls = ch12.DecodeDataset(n=8, wait=0.001, work=100), []
+
+    def time_epoch(w):
+        calls.append(w)
+        start = time.perf_counter()
+        ch12.sweep_epoch(w, small)
+        return time.perf_counter() - start
+
+    measured = ch12.measure_sweep(time_epoch, rounds=2)
+    assert sorted(measured) == sorted(SWEEP) and all(len(t) == 2 and min(t) > 0 for t in measured.values())
+    assert calls == [0, 1, 2, 3, 4, 6, 1, 2, 3, 4, 6, 0]
 
 
-def test_ch12_num_workers_correct_choice_end_to_end(capsys):
+def test_ch12_num_workers_correct_choice_end_to_end(sweep, capsys):
     best = min(SWEEP_TIMES, key=SWEEP_TIMES.get)
-    ch12.check_num_workers(best, SWEEP_TIMES, measure=lambda: SWEEP_TIMES)
+    ch12.check_num_workers(best, SWEEP_TIMES, paced_timer(), measure=lambda: ROUNDS)
     out = capsys.readouterr().out
-    assert "fastest num_workers=4" in out and "All 2 checks passed" in out
+    assert "fastest num_workers=4" in out and "All 4 checks passed" in out
 
 
-def test_ch12_num_workers_accepts_any_choice_within_tolerance():
+def test_ch12_num_workers_the_learners_timer_is_what_the_checker_runs(sweep):
+    seen = []
+    timer = paced_timer()
+    measured = ch12.check_num_workers(4, {w: s / 20 for w, s in SWEEP_TIMES.items()},
+                                      lambda w: seen.append(w) or timer(w))
+    assert seen[0] == 0 and sorted(set(seen)) == sorted(SWEEP) and len(seen) == 1 + 3 * len(SWEEP)
+    assert all(len(t) == 3 for t in measured.values())
+
+
+def test_ch12_num_workers_a_guessed_sweep_is_rejected(sweep):
+    """Issue 25: {w: 1.0 for w in SWEEP} with num_workers=4 passed while only the keys were checked."""
+    rejects_with_hint(ch12.check_num_workers, 4, {w: 1.0 for w in SWEEP}, paced_timer(), measure=lambda: ROUNDS,
+                      hint="not numbers typed in")
+
+
+def test_ch12_num_workers_a_timer_that_returns_a_typed_number_is_rejected(sweep):
+    rejects_with_hint(ch12.check_num_workers, 4, SWEEP_TIMES, lambda w: SWEEP_TIMES[w],
+                      measure=lambda: pytest.fail("measured"), hint="not a number typed in")
+    rejects_with_hint(ch12.check_num_workers, 4, SWEEP_TIMES, lambda w: None,
+                      measure=lambda: pytest.fail("measured"), hint="return time.perf_counter")
+
+
+def test_ch12_num_workers_accepts_any_choice_within_tolerance(sweep):
     for w in (3, 4):
-        ch12.judge_num_workers(w, SWEEP_TIMES, SWEEP_TIMES)
+        ch12.judge_num_workers(w, SWEEP_TIMES, ROUNDS)
 
 
-def test_ch12_num_workers_cheat_rule_of_thumb_is_rejected():
-    rejects_with_hint(ch12.check_num_workers, os.cpu_count() * 4, SWEEP_TIMES, measure=lambda: pytest.fail("measured"),
-                      hint="not from a rule of thumb")
+def test_ch12_num_workers_cheat_rule_of_thumb_is_rejected(sweep):
+    rejects_with_hint(ch12.check_num_workers, os.cpu_count() * 4, SWEEP_TIMES, paced_timer(),
+                      measure=lambda: pytest.fail("measured"), hint="not from a rule of thumb")
 
 
-@pytest.mark.parametrize("choice, sweep, hint", [
-    (6, {**SWEEP_TIMES, 6: 0.20}, "more workers than cores"),
-    (0, {**SWEEP_TIMES, 0: 0.20}, "never overlap"),
+@pytest.mark.parametrize("choice, sweep_times, hint", [
+    # each sweep agrees with ROUNDS within SWEEP_FACTOR (a busy round), so only the choice is wrong
+    (6, {**SWEEP_TIMES, 6: 0.21}, "more workers than cores"),
+    (0, {**SWEEP_TIMES, 0: 0.33, 4: 0.26}, "never overlap"),
     (2, SWEEP_TIMES, "your own sweep says 4 workers"),
-    (1, {**SWEEP_TIMES, 1: 0.2}, "lowest point of your sweep"),
+    (1, {**SWEEP_TIMES, 1: 0.34, 3: 0.27, 4: 0.27}, "lowest point of your sweep"),
 ])
-def test_ch12_num_workers_wrong_choices_are_rejected(choice, sweep, hint):
-    rejects_with_hint(ch12.judge_num_workers, choice, sweep, SWEEP_TIMES, hint=hint)
+def test_ch12_num_workers_wrong_choices_are_rejected(sweep, choice, sweep_times, hint):
+    rejects_with_hint(ch12.judge_num_workers, choice, sweep_times, ROUNDS, hint=hint)
 
 
-def test_ch12_num_workers_sweep_must_cover_the_values():
+def test_ch12_num_workers_sweep_must_cover_the_values(sweep):
     rejects_with_hint(ch12.check_sweep_answer, 4, {4: 0.2}, ch12._Checks(), hint="the sweep you ran")

@@ -95,8 +95,7 @@ def test_workers_hold_descriptors_for_the_batches_they_have_made(no_leaks):
 def test_status_fields_and_page_table_arithmetic():
     assert status_kib(os.getpid(), "VmPTE") > 0
     assert status_kib(os.getpid(), "VmRSS") >= leaf_table_kib(0)
-    with pytest.raises(KeyError, match="VmNothing"):
-        status_kib(os.getpid(), "VmNothing")
+    assert status_kib(os.getpid(), "VmNothing") is None  # no such line: None, as where there is no /proc
     assert leaf_table_kib(0) == 0
     assert leaf_table_kib(4) == 4  # one page needs a whole table page
     assert leaf_table_kib(2048) == 4  # 512 pages of 4 KiB: exactly one table page

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from minidl.course import osfacts
+
 
 class FakePinnable:
     """Stands in for a tensor: ``pin_memory()`` returns a copy marked with the thread that pinned it.
@@ -64,15 +66,8 @@ def page_faults() -> int:
 
 
 def locked_bytes() -> int | None:
-    """Bytes of this process's memory that are locked in RAM (``VmLck``), or None where /proc can't say."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmLck:"):
-                    return int(line.split()[1]) * 1024  # the kernel reports kB
-    except OSError:
-        pass
-    return None
+    """Bytes of this process's memory that are locked in RAM (``VmLck``), or None where the OS can't say (no /proc)."""
+    return osfacts.locked_bytes()
 
 
 def _libc() -> ctypes.CDLL:

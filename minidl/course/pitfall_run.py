@@ -141,17 +141,9 @@ def _hold_file_system_batches() -> None:
 
 def _shm_managers() -> list[int]:
     """pids of the torch_shm_manager processes (this runs in its own pid namespace: they are all ours)."""
-    import os
+    from minidl.course import osfacts
 
-    pids = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip().startswith("torch_shm_manag"):
-                    pids.append(int(pid))
-        except OSError:
-            continue
-    return pids
+    return osfacts.pids_named("torch_shm_manag") or []  # the kernel cuts a command name at 15 characters
 
 
 def file_system_leftovers(wait: float = 10.0) -> dict:

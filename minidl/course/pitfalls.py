@@ -20,6 +20,8 @@ import time
 
 import numpy as np
 
+from minidl.bench.machine import core_count
+from minidl.course import osfacts
 from minidl.dataset import Dataset
 from minidl.worker import get_worker_info
 
@@ -98,11 +100,13 @@ class NameArrayDataset(NameListDataset):
         return len(self.names[index])
 
 
-def pss_mb(pid: int) -> float:
-    """Proportional set size of process ``pid`` in MiB: its private pages plus its share of shared ones."""
-    import psutil
+def pss_mb(pid: int) -> float | None:
+    """Proportional set size of process ``pid`` in MiB: its private pages plus its share of shared ones.
 
-    return psutil.Process(pid).memory_full_info().pss / MB
+    None where the platform has no PSS (macOS, Windows: see ``osfacts.pss``).
+    """
+    size = osfacts.pss_bytes(pid)
+    return None if size is None else size / MB
 
 
 EPOCH_MARKS = (0.0, 0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0)
@@ -116,25 +120,25 @@ def worker_memory_over_epoch(dataset, num_workers: int = 2, batch_size: int = 51
     ``{"fraction": [...], "pss": [[MiB at each mark] per worker], "uss": [...]}``; the first sample
     is taken right after the first batch arrives, the last one as the last batch arrives.
     """
-    import psutil
     import torch
 
     from minidl import DataLoader
 
+    if not osfacts.pss():
+        raise OSError(f"{osfacts.pss().line()} (check osfacts.pss() first and show the recorded result)")
     loader = DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=num_workers,
                         multiprocessing_context="fork", generator=torch.Generator().manual_seed(seed))
     n_batches = len(loader)
     at = {round(f * (n_batches - 1)) for f in marks}
     fraction, pss, uss = [], [[] for _ in range(num_workers)], [[] for _ in range(num_workers)]
     it = iter(loader)
-    procs = [psutil.Process(w.pid) for w in it._workers]
+    pids = [w.pid for w in it._workers]
     for b, _batch in enumerate(it):
         if b in at:
             fraction.append((b + 1) / n_batches)
-            for i, p in enumerate(procs):
-                info = p.memory_full_info()
-                pss[i].append(info.pss / MB)
-                uss[i].append(info.uss / MB)
+            for i, pid in enumerate(pids):
+                pss[i].append(osfacts.pss_bytes(pid) / MB)
+                uss[i].append(osfacts.uss_bytes(pid) / MB)
     del it
     return {"fraction": fraction, "pss": pss, "uss": uss}
 
@@ -159,30 +163,13 @@ class TensorPairDataset(Dataset):
         return torch.full(self.shape, float(index)), index
 
 
-def shared_fds(pids: list[int]) -> dict[tuple[int, int], int]:
-    """The shared-memory files the processes ``pids`` hold open: ``{(device, inode): bytes}``.
+def shared_fds(pids: list[int]) -> dict[tuple[int, int], int] | None:
+    """The shared-memory files the processes ``pids`` hold open: ``{(device, inode): bytes}``; None without /proc.
 
     torch's default ``file_descriptor`` strategy unlinks each segment at once, so ``ls /dev/shm`` shows
     nothing; the open descriptors in ``/proc/<pid>/fd`` still point at them ("/dev/shm/torch_... (deleted)").
     """
-    seen: dict[tuple[int, int], int] = {}
-    for pid in pids:
-        fd_dir = f"/proc/{pid}/fd"
-        try:
-            fds = os.listdir(fd_dir)
-        except OSError:
-            continue
-        for fd in fds:
-            path = os.path.join(fd_dir, fd)
-            try:
-                target = os.readlink(path)
-                if not target.startswith(("/dev/shm/", "/memfd:")):
-                    continue
-                st = os.stat(path)
-            except OSError:
-                continue
-            seen[(st.st_dev, st.st_ino)] = st.st_size
-    return seen
+    return osfacts.open_shm_sizes(pids)
 
 
 def shm_in_flight(num_workers: int = 2, prefetch_factor: int = 2, batch_size: int = 64,
@@ -194,6 +181,8 @@ def shm_in_flight(num_workers: int = 2, prefetch_factor: int = 2, batch_size: in
     """
     from minidl import DataLoader
 
+    if not osfacts.open_files():
+        raise OSError(f"{osfacts.open_files().line()} (check osfacts.open_files() first and show the recorded result)")
     before = shared_fds([os.getpid()])  # segments this process already held (earlier work in the same process)
     loader = DataLoader(TensorPairDataset(batch_size * (num_workers * prefetch_factor + 4), shape),
                         batch_size=batch_size, num_workers=num_workers, prefetch_factor=prefetch_factor,
@@ -238,9 +227,9 @@ def namespace_prefix() -> tuple[str, ...] | None:
     --map-root-user``), which some kernels and most containers refuse. Inside, the child may mount a small
     ``tmpfs`` over ``/dev/shm`` that only it sees, and kill ``torch_shm_manager`` processes that are only its own.
     """
-    unshare = shutil.which("unshare")
-    if not sys.platform.startswith("linux") or unshare is None:
+    if not osfacts.namespaces():
         return None
+    unshare = shutil.which("unshare")
     user = () if os.geteuid() == 0 else ("--user", "--map-root-user")
     return (unshare, *user, "--mount", "--pid", "--fork", "--mount-proc")
 
@@ -253,7 +242,7 @@ def run_in_namespace(args: list[str], recorded: dict, timeout: float = 120.0, pr
     labelled as recorded, and the reason.
     """
     command = prefix()
-    why = NAMESPACE_UNAVAILABLE + " (no `unshare`, or not Linux)"
+    why = f"{NAMESPACE_UNAVAILABLE} ({osfacts.namespaces().why_not or 'no `unshare`'})"
     if command is not None:
         try:
             run = run_child(args, timeout=timeout, prefix=command)
@@ -427,22 +416,15 @@ def train_epoch(dataset, num_workers: int, batch_size: int = 32, trainer=None) -
     seconds = time.perf_counter() - t0
     main, workers = time.process_time() - main0, children_cpu() - workers0
     return {"samples_per_s": len(dataset) / seconds, "seconds": seconds, "main_cpu_s": main, "workers_cpu_s": workers,
-            "cores_busy": (main + workers) / seconds / os.cpu_count()}
+            "cores_busy": (main + workers) / seconds / core_count()}
 
 
 def machine_cpu_seconds() -> tuple[float, float] | None:
-    """CPU seconds every core has spent busy, and in all, since boot, from Linux's ``/proc/stat`` (else ``None``).
+    """CPU seconds every core has spent busy, and in all, since boot (Linux's ``/proc/stat``; else ``None``).
 
     Two readings around a measurement tell how busy the whole machine was (everyone's programs, not only ours).
     """
-    try:
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-    except OSError:
-        return None
-    idle = fields[3] + fields[4]  # idle and iowait
-    tick = os.sysconf("SC_CLK_TCK")
-    return (sum(fields[:8]) - idle) / tick, sum(fields[:8]) / tick  # user..steal; guest time is already in user
+    return osfacts.machine_cpu_seconds()
 
 
 def train_throughput(dataset, num_workers: int, batch_size: int = 32, trainer=None) -> float:

@@ -3,15 +3,16 @@
 1. **Copy-on-read.** ``ListDataset`` keeps its items as a Python list of float objects. A forked worker shares
    the parent's memory until it writes to a page, and merely reading a Python object writes to it (its reference
    count), so each worker ends up with a private copy of every page it read: its memory grows as it works. The
-   learner writes a dataset holding one NumPy array instead; ``check_no_leak`` measures each worker's PSS growth
-   over an epoch for theirs and for ``ListDataset``.
+   learner writes a dataset holding one NumPy array instead; ``check_no_leak`` measures each worker's memory growth
+   over an epoch for theirs and for ``ListDataset``: PSS on Linux, USS where psutil has no PSS (macOS, Windows).
 2. **A hang at fork.** A background thread holds ``LOCK`` most of the time, and ``LockedDataset`` takes it for
    every item. A forked worker inherits the lock *held*, with no thread left to release it, and waits forever.
    The learner chooses DataLoader arguments that avoid it; ``check_no_hang`` runs the loader in a separate
    process under a timeout and kills it (workers included) if it hangs.
-3. **How many workers.** The learner sweeps ``num_workers`` over ``SWEEP`` for ``DecodeDataset``, plots epoch
-   time, and picks one; ``check_num_workers`` runs its own sweep and accepts any choice within ``TOLERANCE`` of
-   its fastest.
+3. **How many workers.** The learner writes ``time_epoch(w)``, sweeps ``num_workers`` over ``SWEEP`` (it follows
+   this machine's core count) for ``DecodeDataset``, plots epoch time, and picks one; ``check_num_workers`` runs the
+   learner's ``time_epoch`` in its own rounds, and accepts a sweep that agrees with them and a choice within
+   ``TOLERANCE`` of their fastest.
 """
 
 from __future__ import annotations
@@ -33,8 +34,10 @@ from typing import Any
 
 import numpy as np
 
+from minidl.bench.machine import core_count, worker_sweep
+from minidl.course import osfacts
 from minidl.course.exercises._common import _Checks
-from minidl.course.exercises._measure import interleaved, measure_then_judge
+from minidl.course.exercises._measure import agrees, as_number, measure_then_judge
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 from minidl.worker import get_worker_info
@@ -64,43 +67,49 @@ class ListDataset(Dataset):
         return self.items[index]
 
 
-def pss_bytes() -> int:
-    """This process's proportional set size: private pages, plus shared pages divided by how many share them."""
-    try:
-        with open("/proc/self/smaps_rollup") as f:
-            for line in f:
-                if line.startswith("Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import psutil
+def memory_kind() -> str:
+    """What part 1 measures a worker's memory as: ``"PSS"`` where the platform has it (Linux), else ``"USS"``.
 
-    return psutil.Process().memory_full_info().pss
+    PSS (proportional set size) is private pages plus shared pages divided by how many share them; USS (unique
+    set size: private pages only) is what psutil gives a Mac or Windows. Copy-on-read grows both.
+    """
+    return "PSS" if osfacts.pss() else "USS"
+
+
+def memory_bytes() -> int:
+    """This process's memory as ``memory_kind()`` says: PSS (``/proc/self/smaps_rollup``, psutil), else USS."""
+    size = osfacts.pss_bytes()
+    if size is None:
+        size = osfacts.uss_bytes()
+    if size is None:
+        raise OSError(f"{osfacts.uss().line()} ({osfacts.pss().line()})")
+    return size
 
 
 def memory_collate(batch: list[float]) -> tuple[int, int, float]:
-    """Runs in the worker: ``(worker id, the worker's PSS now, sum of the batch)``; the sum keeps the work real."""
+    """Runs in the worker: ``(worker id, the worker's memory now, sum of the batch)``; the sum keeps the work real."""
     info = get_worker_info()
-    return (-1 if info is None else info.id), pss_bytes(), float(sum(batch))
+    return (-1 if info is None else info.id), memory_bytes(), float(sum(batch))
 
 
 def worker_growth(dataset: Dataset, num_workers: int = 2, batch_size: int = 5000) -> list[float]:
-    """Each worker's PSS growth in MB, from its first batch to its last, over one epoch with forked workers."""
+    """Each worker's memory growth in MB (PSS, or USS where there is no PSS: ``memory_kind()``), from its first
+    batch to its last, over one epoch with forked workers."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=memory_collate,
                         multiprocessing_context="fork")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fork with threads around: the point of part 2, not of this one
-        for worker, pss, _ in loader:
-            first.setdefault(worker, pss)
-            last[worker] = pss
+        for worker, size, _ in loader:
+            first.setdefault(worker, size)
+            last[worker] = size
     return [(last[w] - first[w]) / 2**20 for w in sorted(first)]
 
 
 @dataclass(frozen=True)
 class LeakMeasured:
-    """Median worker PSS growth (MB) over an epoch, for your dataset and for ListDataset."""
+    """Median worker memory growth (MB; PSS, or USS where there is none) over an epoch, yours and ListDataset's."""
 
     yours: float
     buggy: float
@@ -121,7 +130,8 @@ def check_no_leak(dataset_cls: Callable[[int], Dataset],
     """
     return measure_then_judge(
         [dataset_cls], lambda checks: check_items(dataset_cls, checks), lambda: measure(dataset_cls),
-        lambda measured: (f"Measured: over one epoch of {ITEMS:,} items with 2 forked workers, each worker's PSS "
+        lambda measured: (f"Measured: over one epoch of {ITEMS:,} items with 2 forked workers, each worker's "
+                          f"{memory_kind()} "
                           f"grew by {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with "
                           "ListDataset"),
         lambda measured, checks: judge_leak(dataset_cls, measured, checks))
@@ -149,7 +159,7 @@ def check_items(dataset_cls: Callable[[int], Dataset], checks: _Checks) -> None:
 def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks | None = None) -> None:
     """The verdict on part 1, from the measurement alone (and the dataset, for the hint)."""
     checks = checks or _Checks()
-    case = f"worker PSS growth: {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with ListDataset"
+    case = f"worker memory growth: {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with ListDataset"
     limit = max(LEAK_FRACTION * measured.buggy, LEAK_FLOOR_MB)
     if measured.yours > limit:
         hint = ("hold the items in one NumPy array (np.arange(n) * 0.5): its data is one block of raw bytes with no "
@@ -333,9 +343,10 @@ def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Chec
 
 # --- 3. how many workers ------------------------------------------------------------------------------
 
-SWEEP = (0, 1, 2, 3, 4, 6)
+SWEEP = worker_sweep()  # num_workers to try on this machine: 0 ... past its core count (0-4 on 2 cores)
 TOLERANCE = 1.3  # any num_workers whose epoch is within this factor of the fastest is accepted
 SWEEP_ROUNDS = 3
+SWEEP_FACTOR = 1.5  # each time in your sweep must lie within this factor of what your timer gives the checker
 
 
 class DecodeDataset(Dataset):
@@ -365,59 +376,105 @@ def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
             pass
 
 
-def measure_sweep(rounds: int = SWEEP_ROUNDS, dataset: Dataset | None = None) -> dict[int, float]:
-    """The median epoch time for each ``num_workers`` in ``SWEEP``, in interleaved rounds (of ``DecodeDataset()``
-    unless another ``dataset`` is given)."""
-    dataset = dataset or DecodeDataset()
-    times = interleaved({w: (lambda w=w: sweep_epoch(w, dataset)) for w in SWEEP}, rounds=rounds)
-    return {w: statistics.median(t) for w, t in times.items()}
+def measure_sweep(time_epoch: Callable[[int], float], rounds: int = SWEEP_ROUNDS) -> dict[int, list[float]]:
+    """``time_epoch(w)`` for each ``w`` in ``SWEEP``, in ``rounds`` interleaved rounds (the order turns each
+    round): ``{num_workers: [seconds per round]}``. The learner's timer, run by the checker."""
+    times: dict[int, list[float]] = {w: [] for w in SWEEP}
+    for r in range(rounds):
+        for w in SWEEP[r % len(SWEEP):] + SWEEP[:r % len(SWEEP)]:
+            times[w].append(float(time_epoch(w)))
+    return times
 
 
-def check_num_workers(num_workers: Any, sweep: Any, measure: Callable[[], dict[int, float]] = measure_sweep
-                      ) -> dict[int, float]:
-    """Check part 3: ``num_workers`` is fastest, or within ``TOLERANCE`` of it, in the checker's own sweep.
+def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
+                      measure: Callable[[], dict[int, list[float]]] | None = None) -> dict[int, list[float]]:
+    """Check part 3 with your own measuring code: ``time_epoch(w)`` returns the seconds of one epoch of
+    ``sweep_epoch(w)``; ``sweep`` is your ``{num_workers: median seconds}``; ``num_workers`` your choice.
 
-    ``sweep`` is your ``{num_workers: seconds}``. Prints what it measured. Raises AssertionError with a hint.
+    The checker times ``time_epoch(0)`` once with its own clock (your timer must return the epoch it ran), then
+    runs it for every ``w`` in ``SWEEP`` in three interleaved rounds. Your sweep must agree with those rounds, and
+    your choice must be within ``TOLERANCE`` of their fastest. Prints what it measured; raises AssertionError with
+    a hint.
     """
-    def report(measured: dict[int, float]) -> str:
-        best = min(measured, key=measured.get)
-        return ("Measured epoch times: " + ", ".join(f"{w}: {s * 1e3:.0f} ms" for w, s in measured.items())
+    def report(measured: dict[int, list[float]]) -> str:
+        medians = {w: statistics.median(t) for w, t in measured.items()}
+        best = min(medians, key=medians.get)
+        return (f"Your time_epoch, run by the checker ({len(measured[best])} rounds, medians): "
+                + ", ".join(f"{w}: {s * 1e3:.0f} ms" for w, s in medians.items())
                 + f"; fastest num_workers={best}, and any within {TOLERANCE}x of it "
-                f"({measured[best] * TOLERANCE * 1e3:.0f} ms) is accepted")
+                f"({medians[best] * TOLERANCE * 1e3:.0f} ms) is accepted")
 
-    return measure_then_judge([], lambda checks: check_sweep_answer(num_workers, sweep, checks), measure, report,
+    def first(checks: _Checks) -> None:
+        check_sweep_answer(num_workers, sweep, checks)
+        check_timer(time_epoch, checks)
+
+    return measure_then_judge([], first, measure or (lambda: measure_sweep(time_epoch)), report,
                               lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
+
+
+def check_timer(time_epoch: Any, checks: _Checks, clock: Callable[[], float] = time.perf_counter) -> None:
+    """``time_epoch(0)`` returns seconds, and they are the epoch it ran: within the time the call took, most of it."""
+    case = "time_epoch(0)"
+    if not callable(time_epoch):
+        checks.fail(case, f"time_epoch should be a function of num_workers, but it is {time_epoch!r}",
+                    "def time_epoch(w): start = time.perf_counter(); sweep_epoch(w, dataset); "
+                    "return time.perf_counter() - start")
+    start = clock()
+    got = time_epoch(0)
+    took = clock() - start
+    seconds = as_number(got)
+    if seconds is None or seconds <= 0:
+        checks.fail(case, f"should return the epoch's seconds, a positive number, but it returned {got!r}",
+                    "return time.perf_counter() - start, taken around sweep_epoch(w, dataset).")
+    if not 0.5 * took <= seconds <= took * 1.05 + 1e-3:
+        checks.fail(case, f"returned {seconds:.3f} s, but the call took {took:.3f} s",
+                    "time the epoch you run: read time.perf_counter() just before sweep_epoch(w, dataset) and "
+                    "just after it, and return the difference (not a number typed in).")
+    checks.passed += 1
 
 
 def check_sweep_answer(num_workers: Any, sweep: Any, checks: _Checks) -> None:
     case = f"num_workers = {num_workers!r}, sweep = {sweep!r}"
     if not isinstance(sweep, dict) or sorted(sweep) != sorted(SWEEP):
-        checks.fail(case, f"sweep should be a dict with one epoch time per num_workers in {SWEEP}",
+        checks.fail(case, f"sweep should be a dict with one epoch time per num_workers in SWEEP, {SWEEP}",
                     "keep the sweep you ran and plotted: {num_workers: median seconds}.")
+    if any(as_number(s) is None or as_number(s) <= 0 for s in sweep.values()):
+        checks.fail(case, "every time in sweep should be a positive number of seconds",
+                    "keep the medians your timer measured: {w: statistics.median(times[w]) for w in SWEEP}.")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int | np.integer) or num_workers not in SWEEP:
         checks.fail(case, f"num_workers should be one of the values you swept, {SWEEP}, but it is {num_workers!r}",
                     "choose from what you measured, not from a rule of thumb.")
     checks.passed += 1
 
 
-def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Mapping[int, float],
+def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Mapping[int, list[float]],
                       checks: _Checks | None = None) -> None:
-    """The verdict on part 3, from the learner's sweep and the checker's alone."""
+    """The verdict on part 3: your sweep against your timer's rounds in the checker, then your choice against them."""
     checks = checks or _Checks()
-    best = min(measured, key=measured.get)
-    case = (f"num_workers={num_workers}: the checker measured {measured[num_workers] * 1e3:.0f} ms, the fastest "
-            f"({best} workers) {measured[best] * 1e3:.0f} ms")
-    if measured[num_workers] > measured[best] * TOLERANCE:
+    off = [w for w in SWEEP if not agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
+    if off:
+        w = off[0]
+        checks.fail(f"your sweep says {w} workers took {float(sweep[w]):.3f} s",
+                    f"your time_epoch({w}) measured {min(measured[w]):.3f} to {max(measured[w]):.3f} s when the "
+                    f"checker ran it, more than {SWEEP_FACTOR}x away (also off: {off[1:] or 'none'})",
+                    "keep the medians your timing code measured, {w: statistics.median(times[w]) for w in SWEEP}, "
+                    "not numbers typed in; if the machine was busy, run the sweep again.")
+    checks.passed += 1
+    medians = {w: statistics.median(t) for w, t in measured.items()}
+    best = min(medians, key=medians.get)
+    case = (f"num_workers={num_workers}: your timer measured {medians[num_workers] * 1e3:.0f} ms, the fastest "
+            f"({best} workers) {medians[best] * 1e3:.0f} ms")
+    if medians[num_workers] > medians[best] * TOLERANCE:
         yours = min(sweep, key=sweep.get)
         hint = (f"pick the num_workers of the lowest point of your sweep, or the fewest workers within {TOLERANCE}x "
                 "of it.")
         if yours != num_workers and sweep[num_workers] > sweep[yours] * TOLERANCE:
             hint = f"your own sweep says {yours} workers was fastest ({sweep[yours]:.3f} s): choose from your data."
         elif num_workers == max(SWEEP):
-            hint = ("more workers than cores don't help once the cores are busy: each one costs a process start "
-                    "and memory. Choose the knee of the curve.")
+            hint = (f"more workers than cores ({core_count()} here) don't help once the cores are busy: each one "
+                    "costs a process start and memory. Choose the knee of the curve.")
         elif num_workers == 0:
             hint = "with no workers, the waiting and the Python work never overlap: workers pay here."
-        checks.fail(case, f"{num_workers} workers was {measured[num_workers] / measured[best]:.2f}x slower than "
+        checks.fail(case, f"{num_workers} workers was {medians[num_workers] / medians[best]:.2f}x slower than "
                           f"{best}", hint)
     checks.passed += 1

@@ -1,0 +1,99 @@
+"""Run the notebooks top to bottom in the Mac stand-in (tests/mac_standin) and report every error cell.
+
+    python scripts/mac_run.py [--jobs N] [--out DIR] [--all] [NOTEBOOK ...]     (what `make mac` runs)
+
+Each notebook runs in a fresh kernel, in quick mode (MINIDL_QUICK=1), with tests/mac_standin on PYTHONPATH, so the
+kernel and every process it starts (spawned workers, ``python -m`` children) see what a Mac shows Python code:
+``spawn``, torch's ``file_system`` sharing strategy only, no ``/proc``, no ``/dev/shm``, psutil without ``pss``, no
+``os.sched_getaffinity`` (the stand-in's docstring says exactly what is changed and what is not). Outputs are not
+compared with the committed ones (a Mac prints other numbers); a notebook fails, as in ``make browser``
+(scripts/browser_run.py's ``judge``), on an error in a cell not tagged ``raises-exception`` (an unfilled exercise's
+``YourTurn`` is so tagged), on cells left unrun, and on a committed plot the run did not draw.
+
+Left out unless ``--all`` or named: notebooks that start no process worker and ask the platform nothing
+(``SKIPPED``); under the stand-in they run exactly as under ``make nbval-spawn``, which runs them already.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = ROOT / "tests" / "mac_standin"
+sys.path.insert(0, str(ROOT / "scripts"))
+from browser_run import judge  # noqa: E402  (the browser run's verdict, cell by cell)
+
+# No process worker, no multiprocessing, no /proc, /dev/shm, psutil, sharing strategy or core count in these:
+# threads, samplers, collate and CUDA streams (checked with `grep`, see tests/test_mac_standin.py).
+SKIPPED = (
+    "02_datasets_and_samplers.ipynb",
+    "03_collate.ipynb",
+    "exercises/ch02_sampler.ipynb",
+    "exercises/ch02_sampler_solution.ipynb",
+    "exercises/ch03_collate.ipynb",
+    "exercises/ch03_collate_solution.ipynb",
+)
+CELL_TIMEOUT = int(os.environ.get("MAC_CELL_TIMEOUT", "600"))
+
+
+def run_one(rel: str, out: Path | None) -> tuple[str, list[str], float]:
+    """Execute notebooks/<rel> in the stand-in; the problems found and the seconds it took."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = ROOT / "notebooks" / rel
+    committed = nbformat.read(path, as_version=4)
+    ran = nbformat.read(path, as_version=4)
+    client = NotebookClient(ran, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=True,
+                            resources={"metadata": {"path": str(path.parent)}})
+    start = time.monotonic()
+    try:
+        client.execute()
+        problems = judge(json.loads(nbformat.writes(committed)), json.loads(nbformat.writes(ran)))
+    except Exception as error:  # noqa: BLE001 -- a dead kernel or a time-out: this notebook fails, the run goes on
+        problems = [f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"]
+    if out is not None:
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(ran, target)
+    return rel, problems, time.monotonic() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("notebooks", nargs="*", help="paths under notebooks/ (default: all but SKIPPED)")
+    parser.add_argument("--all", action="store_true", help="run the SKIPPED notebooks too")
+    parser.add_argument("--jobs", type=int, default=2, help="notebooks run at once (default 2)")
+    parser.add_argument("--out", type=Path, help="save the executed notebooks under this folder")
+    args = parser.parse_args()
+    every = sorted(str(p.relative_to(ROOT / "notebooks")) for p in (ROOT / "notebooks").rglob("*.ipynb")
+                   if ".ipynb_checkpoints" not in str(p))
+    rels = [r.removeprefix("notebooks/") for r in args.notebooks] or [
+        r for r in every if args.all or r not in SKIPPED]
+    # Set here, inherited by each kernel and everything it starts.
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(STANDIN)])
+    os.environ["MINIDL_QUICK"] = "1"
+    os.environ.pop("MINIDL_START_METHOD", None)  # the stand-in sets spawn itself
+    start, failures = time.monotonic(), {}
+    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        for rel, problems, seconds in pool.map(lambda r: run_one(r, args.out), rels):
+            verdict = "ok" if not problems else f"FAILED ({len(problems)})"
+            print(f"{rel:60s} {verdict:12s} {seconds:6.1f} s", flush=True)
+            for problem in problems:
+                print(f"    {problem}", flush=True)
+            if problems:
+                failures[rel] = problems
+    skipped = [r for r in every if r not in rels]
+    print(f"Mac stand-in: {len(rels) - len(failures)} passed, {len(failures)} failed, {len(skipped)} not run "
+          f"({', '.join(skipped) or 'none'}), {time.monotonic() - start:.0f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""tests/mac_standin: the Mac stand-in `make mac` runs the notebooks in takes away what a Mac lacks, everywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDIN = ROOT / "tests" / "mac_standin"
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def run(code: str, standin: bool = True) -> dict:
+    """``code`` as a script in a fresh interpreter (in the stand-in, or not); its last printed line, as JSON.
+
+    A script, not ``-c``: a spawned child imports the parent's ``__main__`` from its file.
+    """
+    path = f"{ROOT}{os.pathsep}{STANDIN}" if standin else str(ROOT)
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "script.py"
+        script.write_text(code)
+        run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=150,
+                             env=dict(os.environ, PYTHONPATH=path))
+    assert run.returncode == 0, run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+LOOK = """
+import json, multiprocessing, os, pathlib, shutil
+def refused(f):
+    try:
+        f()
+    except FileNotFoundError:
+        return True
+    return False
+def look():
+    import psutil, torch.multiprocessing as tm
+    try:
+        tm.set_sharing_strategy("file_descriptor")
+        said = None
+    except (ValueError, AssertionError) as e:
+        said = str(e)
+    return {
+        "start_method": multiprocessing.get_start_method(),
+        "strategies": sorted(tm.get_all_sharing_strategies()), "default": tm.get_sharing_strategy(), "said": said,
+        "fields": list(psutil.Process().memory_full_info()._fields),
+        "children": len(psutil.Process().children()) >= 0,  # psutil's own /proc reads still work
+        "affinity": hasattr(os, "sched_getaffinity"),
+        "refused": [refused(lambda: open("/proc/self/status")), refused(lambda: os.listdir("/proc/self/fd")),
+                    refused(lambda: os.listdir("/dev/shm")), refused(lambda: list(pathlib.Path("/proc").iterdir())),
+                    refused(lambda: shutil.disk_usage("/dev/shm")), refused(lambda: os.readlink("/proc/self/exe")),
+                    not os.path.exists("/proc/self/maps")],
+        "other_files": len(os.listdir("/tmp")) >= 0 and open(os.devnull).read() == "",
+    }
+"""
+
+
+def test_outside_it_this_linux_machine_shows_everything():
+    got = run(LOOK + "print(json.dumps(look()))", standin=False)
+    assert got["strategies"] == ["file_descriptor", "file_system"] and got["said"] is None
+    assert "pss" in got["fields"] and got["affinity"] and not any(got["refused"])
+
+
+def test_inside_it_a_process_sees_a_mac():
+    got = run(LOOK + "print(json.dumps(look()))")
+    assert got["start_method"] == "spawn"
+    assert got["strategies"] == ["file_system"] and got["default"] == "file_system"
+    assert got["said"] == "invalid sharing strategy 'file_descriptor', expected one of {'file_system'}"
+    assert got["fields"] == ["rss", "vms", "pfaults", "pageins", "uss"]
+    assert got["children"] and not got["affinity"] and got["other_files"]
+    assert all(got["refused"]), got["refused"]
+
+
+def test_a_spawned_worker_sees_the_same_mac():
+    got = run(LOOK + "if __name__ == '__main__':\n"
+                     "    with multiprocessing.Pool(1) as pool:\n"
+                     "        print(json.dumps(pool.apply(look)))\n")
+    assert got["strategies"] == ["file_system"] and got["fields"][-1] == "uss"
+    assert all(got["refused"]) and not got["affinity"]
+
+
+def test_a_minidl_loader_runs_in_it_with_file_system_sharing():
+    got = run("import json, torch\n"
+              "from minidl import DataLoader\n"
+              "from minidl.course.sharing_demo import BlockDataset\n"
+              "if __name__ == '__main__':\n"
+              "    batches = list(DataLoader(BlockDataset(8, kib=4), batch_size=4, num_workers=2))\n"
+              "    print(json.dumps([b.is_shared() for b in batches] + [float(batches[1][0, 0])]))\n")
+    assert got == [True, True, 4.0]
