@@ -377,7 +377,9 @@ def _plots(session: Session, results: Mapping[Key, list[Epoch]], process: Mappin
         for method in ("pool imap", "minidl process"):
             series[f"{variant} · {method}"] = [1.0] + [_median_rate(results, (task, method, w)) / base
                                                        for w in WORKERS[1:]]
-    fig = plot.line_plot(list(WORKERS), series, hlines={"serial": 1.0, f"{core_count()} cores": core_count()},
+    ceiling = min(WORKERS[-1], core_count())  # the most the workers can gain on this machine's cores
+    lines = {"serial": 1.0, f"x{ceiling}: {ceiling} busy core{'s' * (ceiling > 1)}": ceiling}
+    fig = plot.line_plot(list(WORKERS), series, hlines=lines,
                          title="Pool.imap as a loader vs minidl's process workers (speedup over a serial loop)",
                          xlabel="workers (0: the serial loop)", ylabel="speedup (median epoch, start included)")
     fig.axes[0].set_xticks(list(WORKERS))
@@ -405,7 +407,9 @@ def _plots(session: Session, results: Mapping[Key, list[Epoch]], process: Mappin
                                                              (f"threads, {kind}, side {s}", "serial", 0)))
                           for s in sides] for kind in ("nogil", "gil")}
     series = {"@njit(nogil=True): GIL released": series["nogil"], "@njit: GIL held": series["gil"]}
-    fig = plot.line_plot(sides, series, hlines={"serial": 1.0, "2 cores": 2.0},
+    ceiling = min(2, core_count())  # 2 threads gain at most x2, and no more than the cores allow
+    lines = {"serial": 1.0, f"x{ceiling}: 2 threads, {core_count()} core{'s' * (core_count() > 1)}": ceiling}
+    fig = plot.line_plot(sides, series, hlines=lines,
                          title="2 thread workers over serial, Numba kernel, GIL build",
                          xlabel="image side (pixels): more work per sample in the kernel",
                          ylabel="speedup (median of per-round ratios)")

@@ -3,7 +3,7 @@
 ``per_sample_transform`` turns one uint8 ``(H, W, 3)`` image into a normalised float32 ``(3, H, W)`` array, row
 by row: many small NumPy calls, so most of its time is Python's. The learner writes ``transform_batch``, the
 same for a whole ``(B, H, W, 3)`` batch in a few whole-array operations, then times an epoch both ways: the
-per-sample transform in a dataset read by two worker processes, and the raw images read with no workers and
+per-sample transform in a dataset read by one worker process per core, and the raw images read with no workers and
 ``transform_batch`` applied to each batch. They report both times and choose. The checker checks the batch
 transform (same values, and really vectorised), re-measures both epochs and compares.
 """
@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from minidl.bench.machine import core_count
 from minidl.course.exercises._common import _Checks
 from minidl.course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge
 from minidl.dataloader import DataLoader
@@ -32,6 +33,7 @@ CHOICES = ("vectorise", "workers")
 BAND = 1.15  # epochs within this factor of each other: either choice is accepted
 SPEEDUP_FACTOR = 2.0  # a reported speedup within this factor of the measured one is accepted (short epochs: noisy)
 MIN_VECTOR_SPEEDUP = 3.0  # transform_batch must beat the per-sample loop by this much to count as vectorised
+WORKERS = core_count()  # option 1's worker processes: one per core, the most that workers can give
 
 
 def make_images(n: int = IMAGES, size: int = SIZE, seed: int = 0) -> np.ndarray:
@@ -63,8 +65,8 @@ class ImageDataset(Dataset):
         return image if self.transform is None else self.transform(image)
 
 
-def workers_epoch(images: np.ndarray, num_workers: int = 2) -> None:
-    """Option 1: the per-sample transform inside the dataset, ``num_workers`` worker processes."""
+def workers_epoch(images: np.ndarray, num_workers: int = WORKERS) -> None:
+    """Option 1: the per-sample transform inside the dataset, ``num_workers`` worker processes (one per core)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in DataLoader(ImageDataset(images, per_sample_transform), batch_size=BATCH, num_workers=num_workers,
@@ -133,7 +135,7 @@ def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds:
     return measure_then_judge(
         [transform_batch], check_first, lambda: measure(transform_batch),
         lambda measured: (f"Measured: an epoch of {IMAGES} images takes {statistics.median(measured.workers) * 1e3:.0f}"
-                          f" ms with the per-sample transform in 2 workers, "
+                          f" ms with the per-sample transform in {WORKERS} workers, "
                           f"{statistics.median(measured.vectorised) * 1e3:.0f} ms vectorised with no workers "
                           f"({measured.speedup:.1f}x); transform_batch is {measured.batch_speedup:.0f}x faster than "
                           "the per-sample loop on one batch"),
@@ -207,7 +209,7 @@ def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Che
         hint = ("time whole epochs of both options in interleaved rounds, the workers' loader created (and its "
                 "workers started) inside the timed part, and report each option's median.")
         if close(1 / reported, measured.speedup, SPEEDUP_FACTOR):
-            hint = "your two times are swapped: 'workers' is the per-sample transform in 2 workers."
+            hint = f"your two times are swapped: 'workers' is the per-sample transform in {WORKERS} workers."
         checks.fail(case, f"the ratio of your times is more than {SPEEDUP_FACTOR}x away from the checker's", hint)
     checks.passed += 1
     best = "vectorise" if measured.speedup > 1 else "workers"
@@ -217,7 +219,7 @@ def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Che
         print(f"the two options are within {BAND}x of each other here ({gap:.2f}x), so either choice is accepted")
     elif choice != best:
         hint = ("your own times say so: choose the faster option. Vectorising removes the Python overhead on every "
-                "core; workers only spread it over the cores there are (2 here).")
+                f"core; workers only spread it over the cores there are ({WORKERS} here).")
         if choice == "workers" and reported > 1:
             hint = "your times show the vectorised epoch faster: choose 'vectorise'."
         checks.fail(case, f"{choice!r} is {gap:.2f}x slower than {best!r}", hint)
