@@ -1,10 +1,11 @@
 """See inside the loader: an event for every step of a batch's life, and what they add up to.
 
 ``DataLoader(..., trace=True)`` records, per batch: the indices sent to a worker, each
-``__getitem__``, the collate, the put on the result queue, the receipt in the main process, time
-held in the reorder buffer, pinning, the hand-over to the consumer, and the consumer's own time
-between batches. This module turns those events into rows, a timeline (Gantt) plot, a Chrome
-trace (open it in Perfetto or chrome://tracing) and a diagnosis of where the time goes.
+``__getitem__``, the collate, the pickling (in a process worker), the put on the result queue, the
+receipt in the main process, time held in the reorder buffer, pinning, the hand-over to the
+consumer, and the consumer's own time between batches. This module turns those events into rows,
+a timeline (Gantt) plot, a Chrome trace (open it in Perfetto or chrome://tracing) and a diagnosis
+of where the time goes.
 PyTorch has no counterpart; the names follow the loader's own (``_send_idx``, the reorder buffer).
 
 Clocks: ``time.perf_counter()`` is the system-wide monotonic clock on Linux and macOS, so events
@@ -17,11 +18,13 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import statistics
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 
 from minidl._utils import now
 from minidl.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
@@ -30,9 +33,9 @@ from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetch
 # The steps of a batch's life, in the order they happen. Spans have a duration; the others are
 # instants (start == end).
 # "reorder_block" is a span of the consumer's wait during which a later batch was already ready.
-SPANS = ("getitem", "fetch", "collate", "reorder", "reorder_block", "pin", "wait", "consumer")
-STEPS = ("send", "fetch", "getitem", "collate", "put", "receive", "reorder", "reorder_block", "pin", "wait",
-         "yield", "consumer")
+SPANS = ("getitem", "fetch", "collate", "pickle", "reorder", "reorder_block", "pin", "wait", "consumer")
+STEPS = ("send", "fetch", "getitem", "collate", "pickle", "put", "receive", "reorder", "reorder_block", "pin",
+         "wait", "yield", "consumer")
 
 
 # An event is recorded as a flat tuple of numbers and strings, in the order of FIELDS: cheap to
@@ -156,15 +159,41 @@ class _TracedTaskQueue:
         return r
 
 
-class _TracedResultQueue:
-    """A worker's result queue that records each put and ships the task's events with its batch."""
+class _Pickled:
+    """A batch pickled already, in the worker's own thread; unpickling it gives back the batch itself.
 
-    def __init__(self, queue, recorder: Recorder) -> None:
-        self.queue, self.recorder = queue, recorder
+    ``multiprocessing.Queue.put`` only appends to a buffer: its feeder thread pickles the batch later, while
+    the worker's main thread runs the next sample. That pickling moves the batch's tensors into shared memory
+    (with the ``file_system`` strategy, the first share starts ``torch_shm_manager`` and waits for it holding
+    the GIL), so the next sample's traced span would hold this batch's work. A traced worker pickles here
+    instead, between its collate and its put, and records the time as a "pickle" span.
+    """
+
+    __slots__ = ("payload",)
+
+    def __init__(self, obj) -> None:
+        self.payload = bytes(ForkingPickler.dumps(obj))
+
+    def __reduce__(self):
+        return pickle.loads, (self.payload,)  # the main process gets the batch, not this wrapper
+
+
+class _TracedResultQueue:
+    """A worker's result queue that records each put and ships the task's events with its batch.
+
+    In a process worker it pickles the batch itself, before the put (see ``_Pickled``): a sample's span then
+    holds only that sample's work, whatever the queue's feeder thread does.
+    """
+
+    def __init__(self, queue, recorder: Recorder, pickles: bool = False) -> None:
+        self.queue, self.recorder, self.pickles = queue, recorder, pickles
 
     def put(self, r) -> None:
         idx, data = r
         if isinstance(idx, int):  # a batch: acks and other control answers travel as they are
+            if self.pickles:
+                with self.recorder.span("pickle", idx):
+                    data = _Pickled(data)
             self.recorder.instant("put", idx)
             r = (idx, data, self.recorder.take())
         self.queue.put(r)
@@ -180,13 +209,17 @@ class _TracedWorker:
     the batch (a third element the traced iterator's ``_get_data`` takes off), and a traced fetcher.
     """
 
+    def __init__(self, pickles: bool = False) -> None:
+        self.pickles = pickles  # a process worker pickles its batches itself (see _Pickled); a thread doesn't
+
     def __call__(self, worker_id: int, index_queue, data_queue, create_fetcher):
         recorder = Recorder(f"worker {worker_id}")
 
         def create_traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last):
             return traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder)
 
-        return _TracedTaskQueue(index_queue, recorder), _TracedResultQueue(data_queue, recorder), create_traced_fetcher
+        return (_TracedTaskQueue(index_queue, recorder), _TracedResultQueue(data_queue, recorder, self.pickles),
+                create_traced_fetcher)
 
 
 class _TracedPinInQueue:
@@ -272,7 +305,8 @@ class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDat
 
     def _worker_options(self, worker_id: int):
         options = super()._worker_options(worker_id)
-        return dataclasses.replace(options, layers=(*options.layers, _TracedWorker()))
+        worker = _TracedWorker(pickles=options.worker_method != "thread")
+        return dataclasses.replace(options, layers=(*options.layers, worker))
 
     def _start_pin_memory_thread(self, in_queue, out_queue):
         recorder = Recorder("pin")  # a "pin" span: from taking a batch off in_queue to putting it on out_queue
@@ -527,8 +561,8 @@ def _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reor
     return advice or ["more workers, or a cheaper per-sample transform"]
 
 
-COLOURS = {"getitem": "#9ecae1", "fetch": "#3182bd", "collate": "#31a354", "reorder": "#fdae6b",
-           "reorder_block": "#e6550d", "pin": "#756bb1", "wait": "#de2d26", "consumer": "#636363"}
+COLOURS = {"getitem": "#9ecae1", "fetch": "#3182bd", "collate": "#31a354", "pickle": "#a1d99b",
+           "reorder": "#fdae6b", "reorder_block": "#e6550d", "pin": "#756bb1", "wait": "#de2d26", "consumer": "#636363"}
 
 
 def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline", caption: str | None = None):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 
@@ -32,6 +33,7 @@ def test_every_batch_has_each_step_once_in_order(kwargs):
         by_batch.setdefault(e["batch"], {}).setdefault(e["event"], []).append(e)
     assert sorted(by_batch) == [0, 1, 2, 3]
     workers = kwargs["num_workers"] > 0
+    processes = workers and kwargs.get("worker_method") != "thread"  # a process worker pickles its batches
     for batch, steps in by_batch.items():
         size = 1 if batch == 3 else 3
         counts = Counter({k: len(v) for k, v in steps.items()})
@@ -39,11 +41,14 @@ def test_every_batch_has_each_step_once_in_order(kwargs):
         expected = Counter(fetch=1, getitem=size, collate=1, wait=1, consumer=1, **{"yield": 1})
         if workers:
             expected.update(send=1, put=1, receive=1)
+        if processes:
+            expected.update(pickle=1)
         counts.pop("reorder", None)  # only when a batch arrived early: timing-dependent
         counts.pop("reorder_block", None)
         assert counts == expected, (batch, counts)
         # one time axis across processes: each step starts no earlier than the one before it
-        chain = (["send"] if workers else []) + ["fetch", "collate"] + (["put", "receive"] if workers else [])
+        chain = (["send"] if workers else []) + ["fetch", "collate"] + (["pickle"] if processes else [])
+        chain += ["put", "receive"] if workers else []
         chain += ["yield"]
         starts = [steps[name][0]["start"] for name in chain]
         assert starts == sorted(starts), (batch, dict(zip(chain, starts)))
@@ -204,3 +209,42 @@ def test_timeline_plot_has_a_lane_per_worker():
     lanes = [t.get_text() for t in ax.get_yticklabels()]
     assert set(lanes) == {"worker 0", "worker 1", "main", "consumer"}
     assert "time" in ax.get_xlabel() and "cores" in ax.get_title()
+
+
+class StampedBatch:
+    """A collate_fn whose batch notes, when pickled, where and when its pickling ran (made to take 20 ms, as
+    moving a batch's tensors into shared memory can). Unpickled, it is that note."""
+
+    def __init__(self, samples) -> None:
+        self.samples = samples
+
+    def __reduce__(self):
+        start = time.perf_counter()
+        time.sleep(0.02)
+        return pickled_note, (self.samples, os.getpid(), start, time.perf_counter())
+
+
+def pickled_note(samples, pid, start, end) -> dict:
+    return {"samples": samples, "pid": pid, "start": start, "end": end}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_a_batchs_pickling_lies_outside_every_samples_span(method):
+    # multiprocessing.Queue.put leaves the pickling to a feeder thread, which would run it while the worker's
+    # main thread fetches the next batch: the next sample's span would hold it (with the file_system sharing
+    # strategy, the first batch's pickling waits for torch_shm_manager to start, holding the GIL). A traced
+    # worker pickles its batch itself: a "pickle" span of its own, between the collate and the put.
+    loader = minidl.DataLoader(toy.SlowDataset(16, delay=0.005), batch_size=2, num_workers=2, trace=True,
+                               collate_fn=StampedBatch, multiprocessing_context=method)
+    notes = list(loader)
+    events = loader.trace.events
+    samples = [e for e in events if e["event"] == "getitem"]
+    pickles = {e["batch"]: e for e in events if e["event"] == "pickle"}
+    assert [note["samples"] for note in notes] == [[2 * b, 2 * b + 1] for b in range(8)]
+    for batch, note in enumerate(notes):
+        inside = [e["index"] for e in samples if e["pid"] == note["pid"] and e["start"] < note["end"]
+                  and note["start"] < e["end"]]
+        assert inside == [], f"batch {batch} was pickled during the spans of samples {inside}"
+        assert pickles[batch]["start"] <= note["start"] <= note["end"] <= pickles[batch]["end"]
+        assert pickles[batch]["pid"] == note["pid"]
