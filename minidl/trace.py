@@ -462,12 +462,15 @@ class Diagnosis:
     io_bound: bool  # loading spent under half its time on the CPU: it mostly waits
     bottleneck: str  # "loader" or "consumer"
     advice: list[str]
+    startup: float = 0.0  # s of the consumer's first wait, each epoch, before any worker began to fetch (left out)
 
     def __str__(self) -> str:
         ms = 1e3
         lines = [
             f"bottleneck: the {self.bottleneck}",
-            f"  consumer waited {self.wait_share:.0%} of {self.wall:.2f} s; its step takes "
+            f"  consumer waited {self.wait_share:.0%} of {self.wall:.2f} s"
+            + (f" (not counting {self.startup:.2f} s for the workers to start)" if self.startup > 0 else "")
+            + f"; its step takes "
             f"{self.consumer_step * ms:.1f} ms, a batch takes {self.batch_time * ms:.1f} ms to load",
             "  worker utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in self.worker_utilisation.items()),
             f"  transport {self.transport * ms:.2f} ms/batch, reordering cost {self.reorder_lost * ms:.0f} ms, "
@@ -491,8 +494,9 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
     for e in ev:
         by[e["event"]].append(e)
     waits, yields = by["wait"], by["yield"]
-    wall = max(e["end"] for e in yields) - min(e["start"] for e in waits) if yields else 0.0
-    waited = sum(e["end"] - e["start"] for e in waits)
+    startup = _startup(by["send"], waits, by["fetch"])
+    wall = max(e["end"] for e in yields) - min(e["start"] for e in waits) - startup if yields else 0.0
+    waited = sum(e["end"] - e["start"] for e in waits) - startup
     wait_share = waited / wall if wall > 0 else 0.0
     consumer_step = _mean([e["end"] - e["start"] for e in by["consumer"]])
 
@@ -526,7 +530,23 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
     advice = _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport,
                      pin, workers_needed, cores, io_bound, slow_batch)
     return Diagnosis(wall, wait_share, consumer_step, batch_time, utilisation, reorder_lost, transport, pin,
-                     workers_needed, io_bound, bottleneck, advice)
+                     workers_needed, io_bound, bottleneck, advice, startup)
+
+
+def _startup(sends: list[dict], waits: list[dict], fetches: list[dict]) -> float:
+    """Seconds the consumer waited for workers to start: of each epoch's first wait, the part before any fetch began.
+
+    An epoch starts where task 0 is sent. A forked worker starts in milliseconds; one started with ``spawn`` or
+    ``forkserver`` imports its modules anew (a second or more with torch). That one-off cost is left out of the
+    waits, so the diagnosis reads the same whatever the start method (``persistent_workers=True`` pays it once).
+    """
+    total = 0.0
+    for send in (e for e in sends if e["batch"] == 0):
+        wait = min((w for w in waits if w["start"] >= send["start"]), key=lambda w: w["start"], default=None)
+        fetch = min((f["start"] for f in fetches if f["start"] >= send["start"]), default=None)
+        if wait is not None and fetch is not None:
+            total += min(max(fetch - wait["start"], 0.0), wait["end"] - wait["start"])
+    return total
 
 
 def _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport, pin,
