@@ -469,7 +469,7 @@ class Diagnosis:
         lines = [
             f"bottleneck: the {self.bottleneck}",
             f"  consumer waited {self.wait_share:.0%} of {self.wall:.2f} s"
-            + (f" (not counting {self.startup:.2f} s for the workers to start)" if self.startup > 0 else "")
+            + (f" (not counting {_seconds(self.startup)} for the workers to start)" if self.startup >= 5e-4 else "")
             + f"; its step takes "
             f"{self.consumer_step * ms:.1f} ms, a batch takes {self.batch_time * ms:.1f} ms to load",
             "  worker utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in self.worker_utilisation.items()),
@@ -479,6 +479,10 @@ class Diagnosis:
             + (" (loading is I/O-bound: it mostly waits)" if self.io_bound else ""),
         ]
         return "\n".join(lines + [f"try: {a}" for a in self.advice])
+
+
+def _seconds(t: float) -> str:
+    return f"{t:.2f} s" if t >= 0.1 else f"{t * 1e3:.0f} ms"
 
 
 def _mean(xs: list[float]) -> float:
@@ -524,8 +528,10 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
     pin = _mean([e["end"] - e["start"] for e in by["pin"]])
     workers_needed = max(1, math.ceil(batch_time / consumer_step)) if consumer_step > 0 else max(1, trace.num_workers)
 
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores is None:  # the cores this process may use (os.process_cpu_count from Python 3.13; a Mac has no affinity)
+        count = getattr(os, "process_cpu_count", None)
+        cores = (count() if count else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count()) or 1
     bottleneck = "loader" if wait_share > 0.25 else "consumer"
     advice = _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport,
                      pin, workers_needed, cores, io_bound, slow_batch)

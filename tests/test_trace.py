@@ -266,6 +266,6 @@ def test_the_diagnosis_leaves_out_the_workers_start_and_reads_the_same_under_spa
     first_wait = min((e for e in events if e["event"] == "wait"), key=lambda e: e["start"])
     first_fetch = min(e["start"] for e in events if e["event"] == "fetch")
     assert d.startup == pytest.approx(max(0.0, first_fetch - first_wait["start"]))  # a fork can beat next()
-    if d.startup > 0:
+    if d.startup >= 0.1:
         assert f"not counting {d.startup:.2f} s for the workers to start" in str(d)
     assert d.reorder_lost > 0.2 and any(a.startswith("in_order=False") for a in d.advice), str(d)
