@@ -20,6 +20,7 @@ import math
 import os
 import pickle
 import statistics
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -178,6 +179,19 @@ class _Pickled:
         return pickle.loads, (self.payload,)  # the main process gets the batch, not this wrapper
 
 
+def _start_sharing() -> None:
+    """Share one small tensor, so that what sharing needs in this process is started before the worker's first task.
+
+    With torch's ``file_system`` strategy (a Mac's only one) the first tensor a process shares starts
+    ``torch_shm_manager`` and waits for it: a fraction of a second, seconds on a busy machine. A worker's first
+    batch would pay it inside its collate (a worker collates into shared memory) or its pickling, and look slow
+    for no fault of its samples. Paid here, it is part of the worker's start, which ``diagnose`` leaves out.
+    """
+    torch = sys.modules.get("torch")  # a worker that never imported torch shares no tensor
+    if torch is not None:
+        torch.empty(1).share_memory_()
+
+
 class _TracedResultQueue:
     """A worker's result queue that records each put and ships the task's events with its batch.
 
@@ -216,6 +230,8 @@ class _TracedWorker:
         recorder = Recorder(f"worker {worker_id}")
 
         def create_traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last):
+            if self.pickles and not recorder.events and recorder.batch is None:  # after worker_init_fn, before a task
+                _start_sharing()
             return traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder)
 
         return (_TracedTaskQueue(index_queue, recorder), _TracedResultQueue(data_queue, recorder, self.pickles),

@@ -269,3 +269,4 @@ def test_the_diagnosis_leaves_out_the_workers_start_and_reads_the_same_under_spa
     if d.startup >= 0.1:
         assert f"not counting {d.startup:.2f} s for the workers to start" in str(d)
     assert d.reorder_lost > 0.2 and any(a.startswith("in_order=False") for a in d.advice), str(d)
+
