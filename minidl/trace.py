@@ -27,7 +27,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 
-from minidl._utils import now
+from minidl._utils import ExceptionWrapper, now
 from minidl.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetcher
 
@@ -207,7 +207,11 @@ class _TracedResultQueue:
         if isinstance(idx, int):  # a batch: acks and other control answers travel as they are
             if self.pickles:
                 with self.recorder.span("pickle", idx):
-                    data = _Pickled(data)
+                    try:
+                        data = _Pickled(data)
+                    except Exception:  # raised in the main process, as a failing sample's error is
+                        data = ExceptionWrapper(where=f"in DataLoader worker process {self.recorder.lane[7:]}, "
+                                                      f"pickling batch {idx} for the main process")
             self.recorder.instant("put", idx)
             r = (idx, data, self.recorder.take())
         self.queue.put(r)

@@ -270,3 +270,18 @@ def test_the_diagnosis_leaves_out_the_workers_start_and_reads_the_same_under_spa
         assert f"not counting {d.startup:.2f} s for the workers to start" in str(d)
     assert d.reorder_lost > 0.2 and any(a.startswith("in_order=False") for a in d.advice), str(d)
 
+
+
+def unpicklable_batch(samples):
+    import threading
+
+    return threading.Lock()
+
+
+def test_a_batch_that_cannot_be_pickled_raises_in_the_main_process():
+    # A traced process worker pickles its batch itself: a failure is sent back as the worker's error, as a failing
+    # sample's is, and raised by next() with the worker named (the worker does not die on it).
+    loader = minidl.DataLoader(toy.RangeDataset(4), batch_size=2, num_workers=1, trace=True,
+                               collate_fn=unpicklable_batch)
+    with pytest.raises(TypeError, match=r"(?s)in DataLoader worker process 0, pickling batch 0.*pickle"):
+        next(iter(loader))
