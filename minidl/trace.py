@@ -1,10 +1,11 @@
 """See inside the loader: an event for every step of a batch's life, and what they add up to.
 
 ``DataLoader(..., trace=True)`` records, per batch: the indices sent to a worker, each
-``__getitem__``, the collate, the put on the result queue, the receipt in the main process, time
-held in the reorder buffer, pinning, the hand-over to the consumer, and the consumer's own time
-between batches. This module turns those events into rows, a timeline (Gantt) plot, a Chrome
-trace (open it in Perfetto or chrome://tracing) and a diagnosis of where the time goes.
+``__getitem__``, the collate, the pickling (in a process worker), the put on the result queue, the
+receipt in the main process, time held in the reorder buffer, pinning, the hand-over to the
+consumer, and the consumer's own time between batches. This module turns those events into rows,
+a timeline (Gantt) plot, a Chrome trace (open it in Perfetto or chrome://tracing) and a diagnosis
+of where the time goes.
 PyTorch has no counterpart; the names follow the loader's own (``_send_idx``, the reorder buffer).
 
 Clocks: ``time.perf_counter()`` is the system-wide monotonic clock on Linux and macOS, so events
@@ -17,22 +18,25 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import statistics
+import sys
 import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
+from multiprocessing.reduction import ForkingPickler
 
-from minidl._utils import now
+from minidl._utils import ExceptionWrapper, now
 from minidl.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetcher
 
 # The steps of a batch's life, in the order they happen. Spans have a duration; the others are
 # instants (start == end).
 # "reorder_block" is a span of the consumer's wait during which a later batch was already ready.
-SPANS = ("getitem", "fetch", "collate", "reorder", "reorder_block", "pin", "wait", "consumer")
-STEPS = ("send", "fetch", "getitem", "collate", "put", "receive", "reorder", "reorder_block", "pin", "wait",
-         "yield", "consumer")
+SPANS = ("getitem", "fetch", "collate", "pickle", "reorder", "reorder_block", "pin", "wait", "consumer")
+STEPS = ("send", "fetch", "getitem", "collate", "pickle", "put", "receive", "reorder", "reorder_block", "pin",
+         "wait", "yield", "consumer")
 
 
 # An event is recorded as a flat tuple of numbers and strings, in the order of FIELDS: cheap to
@@ -156,15 +160,58 @@ class _TracedTaskQueue:
         return r
 
 
-class _TracedResultQueue:
-    """A worker's result queue that records each put and ships the task's events with its batch."""
+class _Pickled:
+    """A batch pickled already, in the worker's own thread; unpickling it gives back the batch itself.
 
-    def __init__(self, queue, recorder: Recorder) -> None:
-        self.queue, self.recorder = queue, recorder
+    ``multiprocessing.Queue.put`` only appends to a buffer: its feeder thread pickles the batch later, while
+    the worker's main thread runs the next sample. That pickling moves the batch's tensors into shared memory
+    (with the ``file_system`` strategy, the first share starts ``torch_shm_manager`` and waits for it holding
+    the GIL), so the next sample's traced span would hold this batch's work. A traced worker pickles here
+    instead, between its collate and its put, and records the time as a "pickle" span.
+    """
+
+    __slots__ = ("payload",)
+
+    def __init__(self, obj) -> None:
+        self.payload = bytes(ForkingPickler.dumps(obj))
+
+    def __reduce__(self):
+        return pickle.loads, (self.payload,)  # the main process gets the batch, not this wrapper
+
+
+def _start_sharing() -> None:
+    """Share one small tensor, so that what sharing needs in this process is started before the worker's first task.
+
+    With torch's ``file_system`` strategy (a Mac's only one) the first tensor a process shares starts
+    ``torch_shm_manager`` and waits for it: a fraction of a second, seconds on a busy machine. A worker's first
+    batch would pay it inside its collate (a worker collates into shared memory) or its pickling, and look slow
+    for no fault of its samples. Paid here, it is part of the worker's start, which ``diagnose`` leaves out.
+    """
+    torch = sys.modules.get("torch")  # a worker that never imported torch shares no tensor
+    if torch is not None:
+        torch.empty(1).share_memory_()
+
+
+class _TracedResultQueue:
+    """A worker's result queue that records each put and ships the task's events with its batch.
+
+    In a process worker it pickles the batch itself, before the put (see ``_Pickled``): a sample's span then
+    holds only that sample's work, whatever the queue's feeder thread does.
+    """
+
+    def __init__(self, queue, recorder: Recorder, pickles: bool = False) -> None:
+        self.queue, self.recorder, self.pickles = queue, recorder, pickles
 
     def put(self, r) -> None:
         idx, data = r
         if isinstance(idx, int):  # a batch: acks and other control answers travel as they are
+            if self.pickles:
+                with self.recorder.span("pickle", idx):
+                    try:
+                        data = _Pickled(data)
+                    except Exception:  # raised in the main process, as a failing sample's error is
+                        data = ExceptionWrapper(where=f"in DataLoader worker process {self.recorder.lane[7:]}, "
+                                                      f"pickling batch {idx} for the main process")
             self.recorder.instant("put", idx)
             r = (idx, data, self.recorder.take())
         self.queue.put(r)
@@ -180,13 +227,19 @@ class _TracedWorker:
     the batch (a third element the traced iterator's ``_get_data`` takes off), and a traced fetcher.
     """
 
+    def __init__(self, pickles: bool = False) -> None:
+        self.pickles = pickles  # a process worker pickles its batches itself (see _Pickled); a thread doesn't
+
     def __call__(self, worker_id: int, index_queue, data_queue, create_fetcher):
         recorder = Recorder(f"worker {worker_id}")
 
         def create_traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last):
+            if self.pickles and not recorder.events and recorder.batch is None:  # after worker_init_fn, before a task
+                _start_sharing()
             return traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder)
 
-        return _TracedTaskQueue(index_queue, recorder), _TracedResultQueue(data_queue, recorder), create_traced_fetcher
+        return (_TracedTaskQueue(index_queue, recorder), _TracedResultQueue(data_queue, recorder, self.pickles),
+                create_traced_fetcher)
 
 
 class _TracedPinInQueue:
@@ -272,7 +325,8 @@ class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDat
 
     def _worker_options(self, worker_id: int):
         options = super()._worker_options(worker_id)
-        return dataclasses.replace(options, layers=(*options.layers, _TracedWorker()))
+        worker = _TracedWorker(pickles=options.worker_method != "thread")
+        return dataclasses.replace(options, layers=(*options.layers, worker))
 
     def _start_pin_memory_thread(self, in_queue, out_queue):
         recorder = Recorder("pin")  # a "pin" span: from taking a batch off in_queue to putting it on out_queue
@@ -428,12 +482,15 @@ class Diagnosis:
     io_bound: bool  # loading spent under half its time on the CPU: it mostly waits
     bottleneck: str  # "loader" or "consumer"
     advice: list[str]
+    startup: float = 0.0  # s of the consumer's first wait, each epoch, before any worker began to fetch (left out)
 
     def __str__(self) -> str:
         ms = 1e3
         lines = [
             f"bottleneck: the {self.bottleneck}",
-            f"  consumer waited {self.wait_share:.0%} of {self.wall:.2f} s; its step takes "
+            f"  consumer waited {self.wait_share:.0%} of {self.wall:.2f} s"
+            + (f" (not counting {_seconds(self.startup)} for the workers to start)" if self.startup >= 5e-4 else "")
+            + f"; its step takes "
             f"{self.consumer_step * ms:.1f} ms, a batch takes {self.batch_time * ms:.1f} ms to load",
             "  worker utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in self.worker_utilisation.items()),
             f"  transport {self.transport * ms:.2f} ms/batch, reordering cost {self.reorder_lost * ms:.0f} ms, "
@@ -442,6 +499,10 @@ class Diagnosis:
             + (" (loading is I/O-bound: it mostly waits)" if self.io_bound else ""),
         ]
         return "\n".join(lines + [f"try: {a}" for a in self.advice])
+
+
+def _seconds(t: float) -> str:
+    return f"{t:.2f} s" if t >= 0.1 else f"{t * 1e3:.0f} ms"
 
 
 def _mean(xs: list[float]) -> float:
@@ -457,8 +518,9 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
     for e in ev:
         by[e["event"]].append(e)
     waits, yields = by["wait"], by["yield"]
-    wall = max(e["end"] for e in yields) - min(e["start"] for e in waits) if yields else 0.0
-    waited = sum(e["end"] - e["start"] for e in waits)
+    startup = _startup(by["send"], waits, by["fetch"])
+    wall = max(e["end"] for e in yields) - min(e["start"] for e in waits) - startup if yields else 0.0
+    waited = sum(e["end"] - e["start"] for e in waits) - startup
     wait_share = waited / wall if wall > 0 else 0.0
     consumer_step = _mean([e["end"] - e["start"] for e in by["consumer"]])
 
@@ -486,13 +548,31 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
     pin = _mean([e["end"] - e["start"] for e in by["pin"]])
     workers_needed = max(1, math.ceil(batch_time / consumer_step)) if consumer_step > 0 else max(1, trace.num_workers)
 
-    if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if cores is None:  # the cores this process may use (os.process_cpu_count from Python 3.13; a Mac has no affinity)
+        count = getattr(os, "process_cpu_count", None)
+        cores = (count() if count else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count()) or 1
     bottleneck = "loader" if wait_share > 0.25 else "consumer"
     advice = _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport,
                      pin, workers_needed, cores, io_bound, slow_batch)
     return Diagnosis(wall, wait_share, consumer_step, batch_time, utilisation, reorder_lost, transport, pin,
-                     workers_needed, io_bound, bottleneck, advice)
+                     workers_needed, io_bound, bottleneck, advice, startup)
+
+
+def _startup(sends: list[dict], waits: list[dict], fetches: list[dict]) -> float:
+    """Seconds the consumer waited for workers to start: of each epoch's first wait, the part before any fetch began.
+
+    An epoch starts where task 0 is sent. A forked worker starts in milliseconds; one started with ``spawn`` or
+    ``forkserver`` imports its modules anew (a second or more with torch). That one-off cost is left out of the
+    waits, so the diagnosis reads the same whatever the start method (``persistent_workers=True`` pays it once).
+    """
+    total = 0.0
+    for send in (e for e in sends if e["batch"] == 0):
+        wait = min((w for w in waits if w["start"] >= send["start"]), key=lambda w: w["start"], default=None)
+        fetch = min((f["start"] for f in fetches if f["start"] >= send["start"]), default=None)
+        if wait is not None and fetch is not None:
+            total += min(max(fetch - wait["start"], 0.0), wait["end"] - wait["start"])
+    return total
 
 
 def _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport, pin,
@@ -527,8 +607,8 @@ def _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reor
     return advice or ["more workers, or a cheaper per-sample transform"]
 
 
-COLOURS = {"getitem": "#9ecae1", "fetch": "#3182bd", "collate": "#31a354", "reorder": "#fdae6b",
-           "reorder_block": "#e6550d", "pin": "#756bb1", "wait": "#de2d26", "consumer": "#636363"}
+COLOURS = {"getitem": "#9ecae1", "fetch": "#3182bd", "collate": "#31a354", "pickle": "#a1d99b",
+           "reorder": "#fdae6b", "reorder_block": "#e6550d", "pin": "#756bb1", "wait": "#de2d26", "consumer": "#636363"}
 
 
 def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline", caption: str | None = None):

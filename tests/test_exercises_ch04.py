@@ -14,6 +14,9 @@ from minidl.course.exercises import (
     check_slow_sample,
     slow_loader,
 )
+from minidl.course.sharing_demo import use_file_system_strategy
+from minidl.course.toy import RangeDataset
+from minidl.dataloader import DataLoader
 
 find_slow_sample = learner_copy("ch04_slow_sample").find_slow_sample
 
@@ -106,3 +109,52 @@ def test_sending_the_dataset_to_workers_is_not_a_peek(method):
     loader.multiprocessing_context = method
     assert find_slow_sample(loader) == 7
     assert loader.dataset.peeks == []
+
+
+@pytest.fixture
+def file_system_strategy():
+    """torch's file_system sharing strategy in this process, as on a Mac (its only one), for one test."""
+    import torch.multiprocessing
+
+    before = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    yield
+    torch.multiprocessing.set_sharing_strategy(before)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("method", ["spawn", "forkserver", "fork"])
+@pytest.mark.usefixtures("file_system_strategy")
+def test_the_checker_and_the_reference_agree_under_the_file_system_strategy(method, capsys):
+    # As a Mac runs the exercise: file_system in the main process and in every worker. A worker's first shared
+    # batch starts torch_shm_manager; that wait must not land in the next sample's traced span.
+    def as_on_a_mac(loader):
+        if loader.num_workers > 0:
+            loader.multiprocessing_context = method
+            loader.worker_init_fn = use_file_system_strategy
+        return find_slow_sample(loader)
+
+    check_slow_sample(as_on_a_mac)
+    assert capsys.readouterr().out.endswith("All 4 checks passed\n")
+
+
+class SeesTheShmManager(RangeDataset):
+    """Each item says whether this process had started torch's shared-memory manager when the item was fetched."""
+
+    def __getitem__(self, index: int) -> tuple[int, bool]:
+        import psutil
+
+        return index, any(child.name() == "torch_shm_manager" for child in psutil.Process().children())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+@pytest.mark.usefixtures("file_system_strategy")
+def test_under_file_system_a_worker_starts_torchs_shm_manager_before_its_first_task(method):
+    # With file_system, the first tensor a process shares starts torch_shm_manager and waits for it (a second or
+    # more on a busy machine). A traced worker pays that before its first task, as part of its start; else the
+    # first batch's collate (a worker collates into shared memory) or pickling would hold it.
+    loader = DataLoader(SeesTheShmManager(8), batch_size=2, num_workers=2, trace=True,
+                        multiprocessing_context=method, worker_init_fn=use_file_system_strategy)
+    seen = [bool(started) for _, flags in loader for started in flags]
+    assert seen == [True] * 8

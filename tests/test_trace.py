@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 
@@ -32,6 +33,7 @@ def test_every_batch_has_each_step_once_in_order(kwargs):
         by_batch.setdefault(e["batch"], {}).setdefault(e["event"], []).append(e)
     assert sorted(by_batch) == [0, 1, 2, 3]
     workers = kwargs["num_workers"] > 0
+    processes = workers and kwargs.get("worker_method") != "thread"  # a process worker pickles its batches
     for batch, steps in by_batch.items():
         size = 1 if batch == 3 else 3
         counts = Counter({k: len(v) for k, v in steps.items()})
@@ -39,11 +41,14 @@ def test_every_batch_has_each_step_once_in_order(kwargs):
         expected = Counter(fetch=1, getitem=size, collate=1, wait=1, consumer=1, **{"yield": 1})
         if workers:
             expected.update(send=1, put=1, receive=1)
+        if processes:
+            expected.update(pickle=1)
         counts.pop("reorder", None)  # only when a batch arrived early: timing-dependent
         counts.pop("reorder_block", None)
         assert counts == expected, (batch, counts)
         # one time axis across processes: each step starts no earlier than the one before it
-        chain = (["send"] if workers else []) + ["fetch", "collate"] + (["put", "receive"] if workers else [])
+        chain = (["send"] if workers else []) + ["fetch", "collate"] + (["pickle"] if processes else [])
+        chain += ["put", "receive"] if workers else []
         chain += ["yield"]
         starts = [steps[name][0]["start"] for name in chain]
         assert starts == sorted(starts), (batch, dict(zip(chain, starts)))
@@ -69,11 +74,12 @@ def test_a_batchs_samples_are_one_record_read_back_as_a_getitem_span_each(kwargs
         assert set(spans[0]) == {"event", "lane", "batch", "start", "end", "pid", "tid", "index"}
 
 
-def test_getitems_datasets_record_the_batch_fetch_without_per_sample_events():
-    class Batched(toy.RangeDataset):
-        def __getitems__(self, indices):
-            return list(indices)
+class Batched(toy.RangeDataset):
+    def __getitems__(self, indices):
+        return list(indices)
 
+
+def test_getitems_datasets_record_the_batch_fetch_without_per_sample_events():
     tr = traced(Batched(6), batch_size=3, num_workers=1)
     names = Counter(e["event"] for e in tr.events)
     assert names["fetch"] == 2 and names["getitem"] == 0
@@ -204,3 +210,78 @@ def test_timeline_plot_has_a_lane_per_worker():
     lanes = [t.get_text() for t in ax.get_yticklabels()]
     assert set(lanes) == {"worker 0", "worker 1", "main", "consumer"}
     assert "time" in ax.get_xlabel() and "cores" in ax.get_title()
+
+
+class StampedBatch:
+    """A collate_fn whose batch notes, when pickled, where and when its pickling ran (made to take 20 ms, as
+    moving a batch's tensors into shared memory can). Unpickled, it is that note."""
+
+    def __init__(self, samples) -> None:
+        self.samples = samples
+
+    def __reduce__(self):
+        start = time.perf_counter()
+        time.sleep(0.02)
+        return pickled_note, (self.samples, os.getpid(), start, time.perf_counter())
+
+
+def pickled_note(samples, pid, start, end) -> dict:
+    return {"samples": samples, "pid": pid, "start": start, "end": end}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
+def test_a_batchs_pickling_lies_outside_every_samples_span(method):
+    # multiprocessing.Queue.put leaves the pickling to a feeder thread, which would run it while the worker's
+    # main thread fetches the next batch: the next sample's span would hold it (with the file_system sharing
+    # strategy, the first batch's pickling waits for torch_shm_manager to start, holding the GIL). A traced
+    # worker pickles its batch itself: a "pickle" span of its own, between the collate and the put.
+    loader = minidl.DataLoader(toy.SlowDataset(16, delay=0.005), batch_size=2, num_workers=2, trace=True,
+                               collate_fn=StampedBatch, multiprocessing_context=method)
+    notes = list(loader)
+    events = loader.trace.events
+    samples = [e for e in events if e["event"] == "getitem"]
+    pickles = {e["batch"]: e for e in events if e["event"] == "pickle"}
+    assert [note["samples"] for note in notes] == [[2 * b, 2 * b + 1] for b in range(8)]
+    for batch, note in enumerate(notes):
+        inside = [e["index"] for e in samples if e["pid"] == note["pid"] and e["start"] < note["end"]
+                  and note["start"] < e["end"]]
+        assert inside == [], f"batch {batch} was pickled during the spans of samples {inside}"
+        assert pickles[batch]["start"] <= note["start"] <= note["end"] <= pickles[batch]["end"]
+        assert pickles[batch]["pid"] == note["pid"]
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_diagnosis_leaves_out_the_workers_start_and_reads_the_same_under_spawn(method):
+    # A spawned worker imports its modules anew (a second or more with torch) before its first fetch: the first
+    # next() waits for that. Counted as waiting, it would drown the reordering cost (the in_order advice needs it
+    # to be a fifth of the waiting) under spawn only.
+    loader = minidl.DataLoader(toy.SlowDataset(16, slow=(0,), slow_delay=0.5), batch_size=2, num_workers=2,
+                               trace=True, collate_fn=list, multiprocessing_context=method)
+    for _ in loader:
+        pass
+    d = loader.trace.diagnose()
+    events = loader.trace.events
+    first_wait = min((e for e in events if e["event"] == "wait"), key=lambda e: e["start"])
+    first_fetch = min(e["start"] for e in events if e["event"] == "fetch")
+    assert d.startup == pytest.approx(max(0.0, first_fetch - first_wait["start"]))  # a fork can beat next()
+    if d.startup >= 0.1:
+        assert f"not counting {d.startup:.2f} s for the workers to start" in str(d)
+    assert d.reorder_lost > 0.2 and any(a.startswith("in_order=False") for a in d.advice), str(d)
+
+
+
+def unpicklable_batch(samples):
+    import threading
+
+    return threading.Lock()
+
+
+def test_a_batch_that_cannot_be_pickled_raises_in_the_main_process():
+    # A traced process worker pickles its batch itself: a failure is sent back as the worker's error, as a failing
+    # sample's is, and raised by next() with the worker named (the worker does not die on it).
+    loader = minidl.DataLoader(toy.RangeDataset(4), batch_size=2, num_workers=1, trace=True,
+                               collate_fn=unpicklable_batch)
+    with pytest.raises(TypeError, match=r"(?s)in DataLoader worker process 0, pickling batch 0.*pickle"):
+        next(iter(loader))
