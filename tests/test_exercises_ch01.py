@@ -2,6 +2,9 @@
 and rejects typical wrong answers with the hint that names the mistake.
 """
 
+import statistics
+import threading
+import time
 
 import numba
 import pytest
@@ -13,7 +16,8 @@ from exercise_support import (
 from minidl.course.exercises import ch01_nogil as ch01
 from minidl.course.toy import CpuBoundDataset
 
-collatz_steps = learner_copy("ch01_nogil").collatz_steps
+answer = learner_copy("ch01_nogil")
+collatz_steps, thread_speedups = answer.collatz_steps, answer.thread_speedups
 
 
 # --- ch01: a GIL-releasing Numba kernel ----------------------------------------------------------
@@ -26,16 +30,54 @@ def ch01_measured(speedup=1.6, progress=0.8):
 @pytest.mark.timeout(60)
 def test_ch01_measure_runs_the_kernel_both_ways_and_gives_a_figure_per_round():
     """What it measures depends on the machine's load: only its shape is asserted here."""
-    measured = ch01.measure(collatz_steps, rounds=2)
+    measured = ch01.measure(collatz_steps, thread_speedups, rounds=2)
     assert 0 <= measured.python_progress <= 1 and measured.work >= 1000
     assert len(measured.speedups) in (1, 2) and all(s > 0 for s in measured.speedups)  # 1: judged GIL-holding
 
 
 def test_ch01_correct_solution_end_to_end(capsys):
-    """Every check of the kernel runs for real; the verdict on the figures comes from a scripted measurement."""
-    ch01.check_nogil(collatz_steps, 1.5, measure=lambda k: ch01_measured(1.6))
+    """Every check of the kernel and of the timing function runs for real; the verdict on the figures comes from a
+    scripted measurement."""
+    ch01.check_nogil(collatz_steps, thread_speedups, 1.5, measure=lambda k, f: ch01_measured(1.6))
     out = capsys.readouterr().out
-    assert "Measured: a Python thread ran during 80%" in out and "All 12 checks passed" in out
+    assert "Measured: a Python thread ran during 80%" in out and "All 14 checks passed" in out
+
+
+_TURNS = threading.Lock()
+
+
+def _taking_turns(start, stop):
+    """The learner's kernel behind a lock: right answers, the GIL released, but two threads take turns (x1). It
+    also sleeps 2 µs per integer, ten times its compute, so a busy machine can't make one round differ."""
+    with _TURNS:
+        time.sleep((stop - start) * 2e-6)
+        return collatz_steps(start, stop)
+
+
+@pytest.mark.timeout(120)
+def test_ch01_a_guessed_speedup_is_refused_and_the_measured_one_accepted(capsys):
+    """The checker runs the learner's own thread_speedups on the kernel: notebook 01's 1.8 typed in is refused where
+    two threads take turns (x1 on any machine, however busy), and what the learner's code measured is accepted."""
+    measured = statistics.median(thread_speedups(_taking_turns, 100_000, 3))
+    assert measured < 1.3  # a lock makes the two threads take turns
+    ch01.check_nogil(_taking_turns, thread_speedups, measured)
+    assert "All 14 checks passed" in capsys.readouterr().out
+    rejects_with_hint(ch01.check_nogil, _taking_turns, thread_speedups, 1.8, hint="not a number from elsewhere")
+
+
+def _one_round_only(kernel, span, rounds):
+    return thread_speedups(kernel, span, 1)
+
+
+@pytest.mark.parametrize("timer, hint", [
+    (lambda kernel, span, rounds: [1.8] * rounds, "take turns can't beat one"),
+    (lambda kernel, span, rounds: [1 / x for x in thread_speedups(kernel, span, rounds)], "other way round"),
+    (lambda kernel, span, rounds: statistics.median(thread_speedups(kernel, span, rounds)), "return the list"),
+    (_one_round_only, "one per round"),
+])
+def test_ch01_wrong_timing_functions_are_rejected_on_the_stand_ins(timer, hint):
+    rejects_with_hint(ch01.check_nogil, collatz_steps, timer, 1.5, measure=lambda k, f: pytest.fail("measured"),
+                      hint=hint)
 
 
 def test_ch01_judge_accepts_a_speedup_within_tolerance():
@@ -69,14 +111,14 @@ def test_ch01_njit_without_nogil_is_rejected():
     (lambda a, b: 111, "count the steps of every n"),
 ])
 def test_ch01_wrong_kernels_are_rejected(wrong, hint):
-    rejects_with_hint(ch01.check_nogil, wrong, 1.5, measure=lambda k: pytest.fail("measured a wrong kernel"), hint=hint)
+    rejects_with_hint(ch01.check_nogil, wrong, thread_speedups, 1.5,
+                      measure=lambda k, f: pytest.fail("measured a wrong kernel"), hint=hint)
 
 
 @pytest.mark.parametrize("speedup, hint", [
     (0.6, "divided the other way round"),
-    (3.2, "twice the work of one"),
     ("1.6x", "should be a number"),
-    (1.0, "interleaved rounds"),
+    (1.0, "not a number from elsewhere"),
 ])
 def test_ch01_wrong_speedups_are_rejected(speedup, hint):
     rejects_with_hint(ch01.judge, collatz_steps, speedup, ch01_measured(1.6), hint=hint)
@@ -84,8 +126,8 @@ def test_ch01_wrong_speedups_are_rejected(speedup, hint):
 
 def test_ch01_measures_a_gil_holding_kernel_as_holding_it():
     kernel = numba.njit(collatz_steps.py_func)
-    measured = ch01.measure(kernel, rounds=1)
-    released = ch01.measure(collatz_steps, rounds=1)
+    measured = ch01.measure(kernel, thread_speedups, rounds=1)
+    released = ch01.measure(collatz_steps, thread_speedups, rounds=1)
     assert measured.python_progress < released.python_progress
 
 
@@ -94,4 +136,4 @@ def test_a_figure_within_the_spread_of_the_checkers_own_rounds_is_accepted(capsy
     busy = ch01.Measured([0.95, 1.05, 1.4], 0.8, 10_000)
     ch01.judge(collatz_steps, 1.3, busy)
     quiet = ch01.Measured([0.95, 0.96, 0.97], 0.8, 10_000)  # on a quiet one the same figure is too far off
-    rejects_with_hint(ch01.judge, collatz_steps, 1.3, quiet, hint="interleaved rounds")
+    rejects_with_hint(ch01.judge, collatz_steps, 1.3, quiet, hint="not a number from elsewhere")

@@ -3,12 +3,18 @@ rejects typical wrong answers with the hint that names the mistake.
 """
 
 
+import statistics
+import time
+
 import pytest
 from exercise_support import (
+    learner_copy,
     rejects_with_hint,
 )
 
 from minidl.course.exercises import ch09_threads_or_processes as ch09
+
+time_methods = learner_copy("ch09_threads_or_processes").time_methods
 
 # --- ch09: threads or processes ----------------------------------------------------------------------
 
@@ -21,10 +27,52 @@ def ch09_measured(loop=(1.0, 0.5), sleep=(0.2, 0.1)):
 
 @pytest.mark.timeout(90)
 def test_ch09_correct_answer_end_to_end(capsys):
-    measured = ch09.measure(rounds=2)
+    measured = ch09.measure(time_methods, rounds=2)
     answer = {name: measured.faster(name) for name in ch09.WORKLOADS}
-    ch09.check_choice(answer, measure=lambda: measured)
-    assert "All 3 checks passed" in capsys.readouterr().out
+    ch09.check_choice(time_methods, answer, measure=lambda f: measured)
+    assert "All 4 checks passed" in capsys.readouterr().out
+
+
+def _sleeping(seconds):
+    """A stand-in run_epoch: sleeps ``seconds[method]`` (known epoch times, the same on a busy machine)."""
+    return lambda method: time.sleep(seconds[method])
+
+
+# threads twice as fast on both workloads, as on a one-core machine where processes can't run side by side
+THREADS_WIN = {"python_loop": _sleeping({"multiprocessing": 0.08, "thread": 0.04}),
+               "sleep_numpy": _sleeping({"multiprocessing": 0.06, "thread": 0.03})}
+
+
+@pytest.mark.timeout(60)
+def test_ch09_a_guessed_answer_is_refused_and_the_measured_one_accepted(capsys):
+    """The checker runs the learner's own time_methods: the textbook answer, typed in where the learner's code
+    measured threads faster on both workloads, is refused; the answer read off that code's own timings passes."""
+    def measure(f):
+        return ch09.measure(f, runs=THREADS_WIN)
+
+    seconds = {name: time_methods(run, 3) for name, run in THREADS_WIN.items()}
+    answer = {name: min(s, key=lambda m: statistics.median(s[m])) for name, s in seconds.items()}
+    assert answer == {"python_loop": "thread", "sleep_numpy": "thread"}
+    ch09.check_choice(time_methods, answer, measure=measure)
+    assert "All 4 checks passed" in capsys.readouterr().out
+    rejects_with_hint(ch09.check_choice, time_methods, {"python_loop": "multiprocessing", "sleep_numpy": "thread"},
+                      measure=measure, hint="answer what this machine measured")
+
+
+def _keyed_wrong(run_epoch, rounds):
+    seconds = time_methods(run_epoch, rounds)
+    return {"multiprocessing": seconds["thread"], "thread": seconds["multiprocessing"]}
+
+
+@pytest.mark.parametrize("timer, hint", [
+    (lambda run_epoch, rounds: {"multiprocessing": [0.25] * rounds, "thread": [0.4] * rounds}, "just before"),
+    (_keyed_wrong, "under the wrong method"),
+    (lambda run_epoch, rounds: {m: statistics.median(s) for m, s in time_methods(run_epoch, rounds).items()},
+     "one epoch time per round"),
+])
+def test_ch09_wrong_timing_functions_are_rejected_on_the_stand_in(timer, hint):
+    rejects_with_hint(ch09.check_choice, timer, {"python_loop": "multiprocessing", "sleep_numpy": "thread"},
+                      measure=lambda f: pytest.fail("measured"), hint=hint)
 
 
 def test_ch09_right_answer_passes_and_a_close_call_accepts_either(capsys):
@@ -46,7 +94,8 @@ def test_ch09_cheat_same_answer_for_both_is_rejected():
     ("multiprocessing", "write a dict"),
 ])
 def test_ch09_wrong_answers_are_rejected(answer, hint):
-    rejects_with_hint(ch09.check_choice, answer, measure=lambda: ch09_measured(loop=(0.5, 1.0)), hint=hint)
+    rejects_with_hint(ch09.check_choice, time_methods, answer, measure=lambda f: ch09_measured(loop=(0.5, 1.0)),
+                      hint=hint)
 
 
 def test_ch09_multiprocessing_for_the_sleep_workload_is_rejected():
@@ -60,9 +109,9 @@ def test_ch09_rounds_that_disagree_accept_either_answer(capsys):
                           "sleep_numpy": {"multiprocessing": [0.2] * 3, "thread": [0.1] * 3}})
     assert busy.faster("python_loop") == "thread" and busy.gap("python_loop") > ch09.BAND
     ch09.judge({"python_loop": "multiprocessing", "sleep_numpy": "thread"}, busy)
-    assert "rounds range from 0.96x" in capsys.readouterr().out
+    assert "rounds here range from 0.96x" in capsys.readouterr().out
     # The same median with every round agreeing still refuses the answer the rounds contradict.
     steady = ch09.Measured({"python_loop": {"multiprocessing": [0.60] * 3, "thread": [0.40] * 3},
                             "sleep_numpy": {"multiprocessing": [0.2] * 3, "thread": [0.1] * 3}})
     rejects_with_hint(ch09.judge, {"python_loop": "multiprocessing", "sleep_numpy": "thread"}, steady,
-                      hint="holds the GIL")
+                      hint="answer what this machine measured")

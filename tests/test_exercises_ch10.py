@@ -5,7 +5,6 @@ reference answer and rejects typical wrong answers with the hint that names the 
 
 import pytest
 from exercise_support import (
-    ScriptedClock,
     learner_copy,
     rejects_with_hint,
 )
@@ -22,15 +21,42 @@ def ch10_measured(ratio):
     return ch10.Measured([ratio * 1e-5] * 5, [1e-5] * 5)
 
 
-def test_ch10_measure_takes_a_short_epoch_from_a_long_one_so_start_up_cancels():
-    """The checker's own measurement, not the learner's formula: (long epoch - short epoch) / the batches between."""
-    # interleaved's order: round 0 minidl-long, torch-long, minidl-short, torch-short; round 1 starts one later
-    clock = ScriptedClock([3.0, 1.5, 1.0, 0.5, 1.2, 1.1, 0.4, 3.3])
-    measured = ch10.measure(rounds=2, clock=clock)
-    between = ch10.BATCHES - ch10.SHORT
-    assert measured.minidl == pytest.approx([2.0 / between, 2.2 / between])
-    assert measured.torch == pytest.approx([1.0 / between, 0.8 / between])
+def test_ch10_measure_runs_the_learners_timer_on_both_loaders_in_rotating_rounds():
+    """The checker's rounds call the learner's per_batch_seconds: a warm-up each, then minidl, torch; torch, minidl."""
+    calls, values = [], iter([9.0, 9.0, 2.0, 1.0, 0.8, 2.2])
+
+    def timer(loader):
+        calls.append(loader)
+        return next(values)
+
+    measured = ch10.measure(timer, rounds=2, loaders={"minidl": "m", "torch": "t"})
+    assert calls == ["m", "t", "m", "t", "t", "m"]
+    assert measured.minidl == [2.0, 2.2] and measured.torch == [1.0, 0.8]
     assert measured.ratio == pytest.approx((2.0 + 2.75) / 2)  # the median of the per-round ratios 2.0 and 2.75
+
+
+def test_ch10_a_timer_that_returns_no_number_on_the_real_loaders_is_named():
+    with pytest.raises(AssertionError, match="returned None for the minidl loader"):
+        ch10.measure(lambda loader: None, rounds=1, loaders={"minidl": "m", "torch": "t"})
+
+
+# the two loaders at the same cost per batch: known timings, the same on a busy machine
+SAME_COST = {"minidl": ch10.PacedLoader(21, 0.0, 0.003), "torch": ch10.PacedLoader(21, 0.0, 0.003)}
+
+
+@pytest.mark.timeout(60)
+def test_ch10_a_guessed_ratio_is_refused_and_the_measured_one_accepted(capsys):
+    """The checker runs the learner's own timer: the README's 0.36, typed in where that timer measures the two
+    loaders at the same cost, is refused; the ratio the learner's rounds gave is accepted."""
+    def measure(timer):
+        return ch10.measure(timer, loaders=SAME_COST)
+
+    ratios = [per_batch_seconds(SAME_COST["minidl"]) / per_batch_seconds(SAME_COST["torch"]) for _ in range(3)]
+    ratio = sorted(ratios)[1]
+    ch10.check_overhead(per_batch_seconds, ratio, measure=measure)
+    assert "All 3 checks passed" in capsys.readouterr().out
+    rejects_with_hint(ch10.check_overhead, per_batch_seconds, 0.36, measure=measure,
+                      hint="not a figure from the README")
 
 
 def test_the_checker_carries_no_copy_of_the_answer():
@@ -42,8 +68,8 @@ def test_the_checker_carries_no_copy_of_the_answer():
 
 @pytest.mark.timeout(60)
 def test_ch10_correct_solution_end_to_end(capsys):
-    measured = ch10.measure(rounds=3)
-    ch10.check_overhead(per_batch_seconds, measured.ratio, measure=lambda: measured)
+    measured = ch10.measure(per_batch_seconds, rounds=3)
+    ch10.check_overhead(per_batch_seconds, measured.ratio, measure=lambda timer: measured)
     assert "All 3 checks passed" in capsys.readouterr().out
 
 
@@ -73,6 +99,6 @@ def test_ch10_wrong_timers_are_rejected(wrong, hint):
     rejects_with_hint(ch10.check_overhead, wrong, 0.4, measure=lambda: pytest.fail("measured"), hint=hint)
 
 
-@pytest.mark.parametrize("ratio, hint", [(2.5, "other way round"), (0.9, "interleaved rounds"), ("0.4", "positive")])
+@pytest.mark.parametrize("ratio, hint", [(2.5, "other way round"), (0.9, "not a figure from"), ("0.4", "positive")])
 def test_ch10_wrong_ratios_are_rejected(ratio, hint):
     rejects_with_hint(ch10.judge, ratio, ch10_measured(0.4), hint=hint)

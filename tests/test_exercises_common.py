@@ -38,6 +38,7 @@ from minidl.course.exercises import (
 )
 from minidl.course.exercises import ch01_nogil as ch01
 from minidl.course.exercises import ch07_pinning_cost as ch07
+from minidl.course.exercises import ch09_threads_or_processes as ch09
 from minidl.course.exercises import ch10_overhead_ratio as ch10
 from minidl.course.exercises import ch11_vectorise_or_workers as ch11
 from minidl.course.exercises import ch12_pitfalls_debug as ch12
@@ -212,7 +213,7 @@ def test_the_reference_answers_are_not_in_the_installed_package(tmp_path):
     assert not (package / "course" / "solutions").exists()
     answers = ("def reorder(", "def find_slow_sample(", "class SortedBatchSampler", "def pad_mask_collate(",
                "def seed_worker(", "def shard_worker_init_fn(", "def per_batch_seconds(", "def transform_batch(",
-               "def pin_copy(", "def collatz_steps(")
+               "def pin_copy(", "def collatz_steps(", "def thread_speedups(", "def time_methods(")
     for path in package.rglob("*.py"):
         text = path.read_text()
         assert not [a for a in answers if a in text], path
@@ -224,7 +225,8 @@ def _never(*args):
 
 # (checker, how to call it with the answer, the reference module, the name in it)
 REFUSALS = [
-    ("ch01_nogil", lambda a: ch01.check_nogil(a, 1.5, measure=_never), "collatz_steps"),
+    ("ch01_nogil", lambda a: ch01.check_nogil(a, learner_copy("ch01_nogil").thread_speedups, 1.5, measure=_never),
+     "collatz_steps"),
     ("ch02_sampler", check_sampler, "SortedBatchSampler"),
     ("ch03_collate", check_collate, "pad_mask_collate"),
     ("ch04_slow_sample", check_slow_sample, "find_slow_sample"),
@@ -234,6 +236,9 @@ REFUSALS = [
     ("ch06_sharding", check_worker_init_fn, "shard_worker_init_fn"),
     ("ch07_pinning_cost", lambda a: ch07.check_pin_copy(a, 2.0, True, measure=_never), "pin_copy"),
     ("ch08_prefetcher", check_prefetcher, "prefetch"),
+    ("ch09_threads_or_processes",
+     lambda a: ch09.check_choice(a, {"python_loop": "thread", "sleep_numpy": "thread"}, measure=_never),
+     "time_methods"),
     ("ch10_overhead_ratio", lambda a: ch10.check_overhead(a, 0.5, measure=_never), "per_batch_seconds"),
     ("ch11_vectorise_or_workers",
      lambda a: ch11.check_decision(a, {"workers": 0.2, "vectorised": 0.02}, "vectorise", measure=_never),

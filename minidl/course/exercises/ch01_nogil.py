@@ -1,10 +1,12 @@
 """Checker for exercise ch01: a Numba kernel that releases the GIL, and the speedup two threads get from it.
 
 The learner writes ``collatz_steps(start, stop)``, the total number of Collatz steps of the integers
-``start .. stop - 1`` (``start >= 1``), compiles it with ``numba.njit(nogil=True)``, times the same work on one
-thread and split over two, and reports the speedup. The checker checks the kernel's output, checks that a
-Python thread keeps running while the kernel does (the GIL really is released), measures the speedup itself
-and compares.
+``start .. stop - 1`` (``start >= 1``), compiled with ``numba.njit(nogil=True)``; then ``thread_speedups(kernel,
+span, rounds)``, which times the same work on one thread and split over two in ``rounds`` interleaved rounds and
+returns each round's speedup; and reports ``speedup``, the median of what it returned. The checker checks the
+kernel's output, checks the timing function on two stand-in kernels whose speedup it knows, checks that a Python
+thread keeps running while the kernel does (the GIL really is released), then runs the learner's
+``thread_speedups`` on the learner's kernel and holds the reported ``speedup`` to what it measures there.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from minidl.course.exercises._common import _Checks
-from minidl.course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge
+from minidl.course.exercises._measure import agrees, as_number, close, measure_then_judge
 
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
 ROUNDS = 5
 GIL_FREE_FRACTION = 0.2  # a Python thread must make progress for at least this part of the kernel's run
-SPEEDUP_FACTOR = 1.3  # a reported speedup within this factor of the measured one is accepted
+SPEEDUP_FACTOR = 1.3  # a reported speedup within this factor of the range your rounds spanned is accepted
+STANDIN_SECONDS = 0.05  # how long each half of a stand-in kernel sleeps, when a timing function is checked
+STANDIN_ROUNDS = 3
 
 
 def collatz_steps_python(start: int, stop: int) -> int:
@@ -64,9 +68,9 @@ def one_thread(kernel: Callable[[int, int], Any], start: int, stop: int) -> list
 
 @dataclass(frozen=True)
 class Measured:
-    """What the checker measured: the speedup of two threads over one (each round's), and the GIL test."""
+    """What was measured: your ``thread_speedups`` on your kernel (each round's), and the checker's GIL test."""
 
-    speedups: list[float]  # one thread's time / two threads' time, per round
+    speedups: list[float]  # one thread's time / two threads' time, per round, as your thread_speedups returned them
     python_progress: float  # the part of the kernel's run during which a Python thread made progress
     work: int  # integers per half
 
@@ -108,32 +112,98 @@ def python_progress(kernel: Callable[[int, int], Any], work: int) -> float:
     return min(1.0, count / (rate * took))
 
 
-def measure(kernel: Callable[[int, int], Any], rounds: int = ROUNDS) -> Measured:
-    """Time ``kernel`` on one thread and on two (interleaved rounds), and test whether it releases the GIL."""
+def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
+            rounds: int = ROUNDS) -> Measured:
+    """Test whether ``kernel`` releases the GIL, then run ``thread_speedups(kernel, span, rounds)`` on it."""
     work = calibrate(kernel)
     progress = python_progress(kernel, work)
     if progress < GIL_FREE_FRACTION:  # it holds the GIL: two threads can't overlap, time one round only
         rounds = 1
-    times = interleaved({"one": lambda: one_thread(kernel, 1, 1 + 2 * work),
-                         "two": lambda: two_threads(kernel, 1, 1 + 2 * work)}, rounds=rounds, warmup=False)
-    return Measured([o / t for o, t in zip(times["one"], times["two"])], progress, work)
+    return Measured(_speedup_list(thread_speedups(kernel, 2 * work, rounds)), progress, work)
+
+
+def _speedup_list(got: Any) -> list[float]:
+    """``got`` as a list of floats; [] when it is not a list of positive numbers."""
+    if not isinstance(got, list | tuple):
+        return []
+    numbers = [as_number(x) for x in got]
+    return [x for x in numbers if x is not None and x > 0] if all(numbers) else []
+
+
+# Two stand-in kernels whose speedup is known whatever the machine's load: each call sleeps (no core needed) for a
+# time proportional to its range. One releases the GIL as it sleeps: two threads overlap, x2. The other sleeps
+# holding a lock, as a kernel holding the GIL would hold it: two threads take turns, x1.
+_TURNS = threading.Lock()
+
+
+def _overlapping(start: int, stop: int) -> int:
+    time.sleep((stop - start) * STANDIN_SECONDS / 1000)
+    return 0
+
+
+def _taking_turns(start: int, stop: int) -> int:
+    with _TURNS:
+        time.sleep((stop - start) * STANDIN_SECONDS / 1000)
+    return 0
+
+
+STANDINS = ((_overlapping, 2.0, "a stand-in kernel that sleeps, releasing the GIL: two threads overlap"),
+            (_taking_turns, 1.0, "a stand-in kernel that sleeps holding a lock: two threads take turns"))
 
 
 CASES = [(1, 3), (1, 8), (1, 2), (27, 28), (2, 3), (100, 200), (1, 1000), (5000, 5001), (999, 1000), (10, 10)]
 
 
-def check_nogil(kernel: Callable[[int, int], Any], speedup: Any,
-                measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch01: the kernel's output, that it releases the GIL, and the ``speedup`` you measured.
+def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
+                speedup: Any, measure: Callable[[Callable, Callable], Measured] = measure) -> Measured:
+    """Check ch01: the kernel's output, your timing function, that the kernel releases the GIL, and ``speedup``.
 
+    ``thread_speedups(kernel, span, rounds)`` is your timing function: it runs on two stand-in kernels whose
+    speedup is known, then on your kernel; ``speedup`` must agree with what it measures there.
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
+    def check_first(checks: _Checks) -> None:
+        check_output(kernel, checks)
+        check_timer(thread_speedups, checks)
+
     return measure_then_judge(
-        [kernel], lambda checks: check_output(kernel, checks), lambda: measure(kernel),
+        [kernel, thread_speedups], check_first, lambda: measure(kernel, thread_speedups),
         lambda measured: (f"Measured: a Python thread ran during {measured.python_progress:.0%} of the kernel's run; "
-                          f"two threads over one: {measured.speedup:.2f}x (median of {len(measured.speedups)} "
-                          f"rounds, {measured.work:,} integers per thread)"),
+                          f"your thread_speedups on your kernel ({measured.work:,} integers per thread), per round: "
+                          + ", ".join(f"{x:.2f}" for x in measured.speedups)
+                          + (f"; median {measured.speedup:.2f}x" if measured.speedups else "")),
         lambda measured, checks: judge(kernel, speedup, measured, checks))
+
+
+def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _Checks) -> None:
+    """Your ``thread_speedups`` on the two stand-ins: a list of ``rounds`` ratios, their median near x2 and x1."""
+    for standin, want, case in STANDINS:
+        try:
+            got = thread_speedups(standin, 2000, STANDIN_ROUNDS)
+        except Exception as e:
+            e.add_note(f"(raised by your thread_speedups, for {case})")
+            raise
+        if as_number(got) is not None:
+            checks.fail(case, f"thread_speedups returned one number, {got!r}",
+                        "return the list of the rounds' speedups (one per round); speedup is their median.")
+        ratios = _speedup_list(got)
+        if len(ratios) != STANDIN_ROUNDS:
+            checks.fail(case, f"thread_speedups(kernel, 2000, {STANDIN_ROUNDS}) should return {STANDIN_ROUNDS} "
+                        f"positive numbers, one per round, but it returned {got!r}",
+                        "time both ways in each of `rounds` rounds; return the list of the rounds' ratios.")
+        median = statistics.median(ratios)
+        if not (1.4 <= median <= 2.6 if want == 2 else 0.7 <= median <= 1.3):  # wide: a busy machine wakes late
+            hint = ("time the same span both ways in each round: one_thread(kernel, 1, 1 + span) and "
+                    "two_threads(kernel, 1, 1 + span); each round's ratio is one thread's time / two threads' time.")
+            if want == 2 and 1 / 2.6 <= median <= 1 / 1.4:
+                hint = ("you divided the other way round: one thread's time / two threads' time, above 1 if threads "
+                        "help.")
+            elif want == 1:
+                hint = ("two threads that take turns can't beat one: measure each round's times, don't assume a "
+                        "speedup.")
+            checks.fail(case, f"its speedup is about x{want:g}, but your thread_speedups gave a median of "
+                        f"{median:.2f}", hint)
+        checks.passed += 1
 
 
 def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
@@ -170,23 +240,26 @@ def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None 
         checks.fail(case, f"the Python thread ran during only {measured.python_progress:.0%} of your kernel's run",
                     hint)
     checks.passed += 1
-    case = f"your speedup, {speedup!r}, against the {measured.speedup:.2f}x measured"
+    case = f"your speedup, {speedup!r}, against what your thread_speedups measured just now"
     number = as_number(speedup)
     if number is None:
         checks.fail(case, f"speedup should be a number, but it is {speedup!r}",
-                    "report one thread's time divided by two threads' time, a float such as 1.7.")
+                    "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).")
     if number <= 0:
         checks.fail(case, "a speedup is a positive number", "one thread's time / two threads' time.")
+    if not measured.speedups:
+        checks.fail(case, "your thread_speedups returned no list of positive numbers for your kernel",
+                    "return one speedup per round, as it did for the stand-in kernels.")
     if not agrees(number, measured.speedups, SPEEDUP_FACTOR):
-        hint = ("time the same total work both ways (one thread doing both halves; two threads, one half each), "
-                "in several interleaved rounds, and report the median of one thread's time / two threads' time.")
+        low, high = min(measured.speedups), max(measured.speedups)
+        hint = ("set speedup from what your thread_speedups returned on this machine (the median of its rounds), "
+                "not a number from elsewhere; if the machine got busier or quieter since, run your cell and this "
+                "one again.")
         if close(1 / number, measured.speedup, SPEEDUP_FACTOR) and number < 1:
             hint = ("you divided the other way round: speedup = one thread's time / two threads' time, above 1 if "
                     "threads help.")
         elif number == 2:
             hint = "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."
-        elif close(number / 2, measured.speedup, SPEEDUP_FACTOR):
-            hint = ("your two threads did twice the work of one: split the same range into two halves, don't give "
-                    "each thread the whole range.")
-        checks.fail(case, f"that is more than {SPEEDUP_FACTOR}x away from what the checker measured", hint)
+        checks.fail(case, f"your rounds here ran from x{low:.2f} to x{high:.2f}: {number} is more than "
+                    f"{SPEEDUP_FACTOR}x outside that", hint)
     checks.passed += 1

@@ -1,11 +1,13 @@
 """Checker for exercise ch09: threads or processes, for two workloads, decided by measuring.
 
-Two datasets: ``PythonLoopDataset``, whose items are a pure-Python loop (it holds the GIL), and
-``SleepNumpyDataset``, whose items wait (a ``time.sleep`` standing in for reading a file) and then make a NumPy
-array (both release the GIL). The learner times a ``minidl.DataLoader`` with two workers over each, with
-``worker_method="multiprocessing"`` and ``"thread"``, and says which is faster for each. The checker measures
-the same, and accepts either answer where the two are within ``BAND`` of each other, in the median or in any one
-of its rounds (a busy machine's rounds disagree; an idle machine's don't).
+Two datasets: ``PythonLoopDataset``, whose items are a pure-Python loop, and ``SleepNumpyDataset``, whose items
+wait (a ``time.sleep`` standing in for reading a file) and then make a NumPy array. The learner writes
+``time_methods(run_epoch, rounds)``, which times ``run_epoch("multiprocessing")`` and ``run_epoch("thread")`` in
+interleaved rounds, and says which method is faster for each workload. The checker checks the timing function on
+a stand-in whose epoch times it knows, then runs it on one epoch of a ``minidl.DataLoader`` with two workers over
+each dataset, and holds the answer to what it measures: it accepts either answer where the two are within
+``BAND`` of each other, in the median or in any one of the rounds (a busy machine's rounds disagree; an idle
+machine's don't).
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from minidl.course.exercises._common import _Checks
-from minidl.course.exercises._measure import interleaved, measure_then_judge
+from minidl.course.exercises._common import _Checks, _short
+from minidl.course.exercises._measure import as_number, measure_then_judge
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 
@@ -28,6 +30,7 @@ METHODS = ("multiprocessing", "thread")
 WORKLOADS = ("python_loop", "sleep_numpy")
 BAND = 1.15  # when the slower one takes less than BAND x the faster one's time, either answer is accepted
 ROUNDS = 3
+STANDIN_SECONDS = {"multiprocessing": 0.08, "thread": 0.04}  # the stand-in's epoch times: threads twice as fast
 
 
 class PythonLoopDataset(Dataset):
@@ -101,27 +104,79 @@ class Measured:
         return [o / b for o, b in zip(self.seconds[workload][other], self.seconds[workload][best])]
 
 
-def measure(rounds: int = ROUNDS) -> Measured:
-    """Epoch times of both workloads with both worker methods, interleaved rounds after a warm-up."""
+def measure(time_methods: Callable[[Callable[[str], Any], int], Any], rounds: int = ROUNDS,
+            runs: Mapping[str, Callable[[str], Any]] | None = None) -> Measured:
+    """Your ``time_methods`` on each workload's ``run_epoch`` (an epoch of both datasets by default)."""
+    if runs is None:
+        runs = {name: (lambda method, d=dataset: epoch(d, method)) for name, dataset in make_datasets().items()}
+    measured = {}
+    for name, run in runs.items():
+        got = time_methods(run, rounds)
+        measured[name] = _seconds(got, rounds)
+        if measured[name] is None:
+            raise AssertionError(f"your time_methods returned {_short(got)} for {name}: it should return "
+                                 f"{{method: [seconds of each round]}}, as it did for the stand-in")
+    return Measured(measured)
+
+
+def _seconds(got: Any, rounds: int) -> dict[str, list[float]] | None:
+    """``got`` as {method: [seconds per round]}; None unless both methods have ``rounds`` positive numbers each."""
+    if not isinstance(got, Mapping) or set(got) != set(METHODS):
+        return None
     seconds = {}
-    for name, dataset in make_datasets().items():
-        seconds[name] = interleaved({m: (lambda m=m, d=dataset: epoch(d, m)) for m in METHODS}, rounds=rounds)
-    return Measured(seconds)
+    for method in METHODS:
+        times = got[method]
+        numbers = [as_number(x) for x in times] if isinstance(times, list | tuple) else []
+        if len(numbers) != rounds or not all(x is not None and x > 0 for x in numbers):
+            return None
+        seconds[method] = numbers
+    return seconds
 
 
-def check_choice(faster: Any, measure: Callable[[], Measured] = measure) -> Measured:
-    """Check ch09: ``faster`` maps each workload to the worker_method you measured to be faster.
+def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faster: Any,
+                 measure: Callable[[Callable], Measured] = measure) -> Measured:
+    """Check ch09: ``time_methods`` times both methods right, and ``faster`` names the faster one it measures.
 
+    ``time_methods(run_epoch, rounds)`` runs first on a stand-in whose epoch times are known, then on one epoch of
+    each workload; ``faster`` maps each workload to the worker_method it measured faster there.
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
+    def check_first(checks: _Checks) -> None:
+        check_answer_shape(faster, checks)
+        check_timer(time_methods, checks)
+
     def report(measured: Measured) -> str:
-        return "\n".join(f"Measured {name}: "
+        return "\n".join(f"Measured by your time_methods, {name}: "
                          + ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
                          + f" per epoch (median of {len(measured.seconds[name][METHODS[0]])} rounds)"
                          for name in WORKLOADS)
 
-    return measure_then_judge([], lambda checks: check_answer_shape(faster, checks), measure, report,
+    return measure_then_judge([time_methods], check_first, lambda: measure(time_methods), report,
                               lambda measured, checks: judge(faster, measured, checks))
+
+
+def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks: _Checks) -> None:
+    """Your ``time_methods`` on a stand-in ``run_epoch`` that sleeps 80 ms for processes and 40 ms for threads."""
+    case = (f"a stand-in run_epoch(method) that sleeps {STANDIN_SECONDS['multiprocessing'] * 1e3:.0f} ms for "
+            f"'multiprocessing' and {STANDIN_SECONDS['thread'] * 1e3:.0f} ms for 'thread'")
+    try:
+        got = time_methods(lambda method: time.sleep(STANDIN_SECONDS[method]), ROUNDS)
+    except Exception as e:
+        e.add_note(f"(raised by your time_methods, for {case})")
+        raise
+    seconds = _seconds(got, ROUNDS)
+    if seconds is None:
+        checks.fail(case, f"time_methods(run_epoch, {ROUNDS}) should return {{method: [seconds of each round]}} for "
+                    f"{list(METHODS)}, {ROUNDS} positive numbers each, but it returned {_short(got)}",
+                    "one list per method, one epoch time per round, in seconds.")
+    medians = {m: statistics.median(seconds[m]) for m in METHODS}
+    if not all(0.8 * STANDIN_SECONDS[m] <= medians[m] <= 2 * STANDIN_SECONDS[m] for m in METHODS):
+        hint = "time each run_epoch(method) call alone, with time.perf_counter() just before and just after it."
+        swapped = dict(zip(METHODS, METHODS[::-1]))
+        if all(0.8 * STANDIN_SECONDS[swapped[m]] <= medians[m] <= 2 * STANDIN_SECONDS[swapped[m]] for m in METHODS):
+            hint = "your times are under the wrong method: keep each epoch's time under the method that ran it."
+        checks.fail(case, "your medians are " + ", ".join(f"{m} {medians[m] * 1e3:.0f} ms" for m in METHODS), hint)
+    checks.passed += 1
 
 
 def check_answer_shape(faster: Any, checks: _Checks) -> None:
@@ -142,23 +197,26 @@ def check_answer_shape(faster: Any, checks: _Checks) -> None:
 
 
 def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict on each answer, from the checker's measurement alone."""
+    """The verdict on each answer, from what your ``time_methods`` measured in the check alone."""
     checks = checks or _Checks()
-    hints = {
-        "python_loop": "a pure-Python loop holds the GIL, so two threads take turns on one core; two processes each "
-                       "have their own interpreter and GIL.",
-        "sleep_numpy": "sleeping (like reading a file) and NumPy release the GIL, so threads overlap as well as "
-                       "processes do, without starting processes or sending arrays between them.",
+    why = {  # why the usual answer holds, where this machine measured it too
+        ("python_loop", "multiprocessing"): "a pure-Python loop holds the GIL, so two threads take turns on one core; "
+                                            "two processes each have their own interpreter and GIL.",
+        ("sleep_numpy", "thread"): "sleeping (like reading a file) and NumPy release the GIL, so threads overlap as "
+                                   "well as processes do, without starting processes or sending arrays between them.",
     }
     for name in WORKLOADS:
         best, gap, rounds = measured.faster(name), measured.gap(name), measured.round_gaps(name)
-        case = f"{name}: you answered {faster[name]!r}; the checker measured {best!r} faster by {gap:.2f}x"
+        case = f"{name}: you answered {faster[name]!r}; your time_methods measured {best!r} faster by {gap:.2f}x"
         if gap < BAND:
             print(f"{name}: the two are within {BAND}x of each other here ({gap:.2f}x), so either answer is accepted")
         elif min(rounds) < BAND:  # a busy machine: one round says otherwise, or nearly; no verdict to hold you to
-            print(f"{name}: {best} was faster by {gap:.2f}x in the median, but the checker's rounds range from "
+            print(f"{name}: {best} was faster by {gap:.2f}x in the median, but your rounds here range from "
                   f"{min(rounds):.2f}x to {max(rounds):.2f}x, so either answer is accepted (on an idle machine the "
                   "rounds agree)")
         elif faster[name] != best:
-            checks.fail(case, f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", hints[name])
+            hint = why.get((name, best), f"your own time_methods measured {best!r} faster in every round here: answer "
+                                         "what this machine measured, not what you expected (the solution notebook "
+                                         "says when the usual answer turns round)")
+            checks.fail(case, f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", hint)
         checks.passed += 1

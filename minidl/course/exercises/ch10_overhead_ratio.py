@@ -3,9 +3,9 @@
 The learner writes ``per_batch_seconds(loader)``: one epoch, timed from the first batch's arrival to the last's,
 divided by the batches in between (so worker start and shutdown are left out). They time minidl's and torch's
 loader over a dataset that returns its index (the loaders' own cost, nothing else) in interleaved rounds and
-report the median of the per-round ratios minidl / torch. The checker checks the timing function on a loader
-whose timing it knows (``PacedLoader``), re-measures the ratio its own way (a long epoch minus a short one)
-and compares.
+report the median of the per-round ratios minidl / torch. The checker checks the timing function on loaders
+whose timing it knows (``PacedLoader``), then runs it itself on both loaders in rounds of its own and holds the
+reported ratio to the range those rounds span.
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ from typing import Any
 
 from minidl.course import toy
 from minidl.course.exercises._common import _Checks, _torch
-from minidl.course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge
+from minidl.course.exercises._measure import agrees, as_number, close, measure_then_judge
 from minidl.dataloader import DataLoader
 
 BATCHES = 3000
-SHORT = BATCHES // 10  # the short epoch: long - short leaves the per-batch cost, start-up cancelled
 ROUNDS = 7
 NAMES = ("minidl", "torch")
 RATIO_FACTOR = 1.5  # a reported ratio within this factor of the measured one is accepted
@@ -55,12 +54,6 @@ class PacedLoader:
         return self.batches
 
 
-def epoch(loader: Iterable) -> None:
-    """One pass over ``loader``, nothing done with the batches."""
-    for _ in loader:
-        pass
-
-
 @dataclass(frozen=True)
 class Measured:
     """Per-batch seconds of each loader, one per round."""
@@ -77,32 +70,38 @@ class Measured:
         return statistics.median(self.ratios)
 
 
-def measure(rounds: int = ROUNDS, clock: Callable[[], float] = time.perf_counter) -> Measured:
-    """Per-batch cost of minidl and torch, the checker's own way (not the one the learner is asked for).
-
-    Each round times, in rotating order after a warm-up, an epoch of ``BATCHES`` batches and one of ``SHORT``,
-    of each loader; the difference over the batches between them is the per-batch cost, the start-up (iterator
-    creation, first batch) cancelled out.
-    """
-    loaders = {size: make_loaders(size) for size in (BATCHES, SHORT)}
-    fns = {(name, size): (lambda loader=loaders[size][name]: epoch(loader)) for size in loaders for name in NAMES}
-    times = interleaved(fns, rounds=rounds, clock=clock)
-    per_batch = {name: [(long - brief) / (BATCHES - SHORT)
-                        for long, brief in zip(times[name, BATCHES], times[name, SHORT])] for name in NAMES}
+def measure(per_batch_seconds: Callable[[Iterable], Any], rounds: int = ROUNDS,
+            loaders: dict[str, Iterable] | None = None) -> Measured:
+    """Your ``per_batch_seconds`` on minidl's and torch's loader (``make_loaders()`` by default): one warm-up
+    each, then ``rounds`` rounds, each timing both, the order swapped from one round to the next."""
+    loaders = loaders or make_loaders()
+    for loader in loaders.values():
+        per_batch_seconds(loader)
+    per_batch: dict[str, list[float]] = {name: [] for name in NAMES}
+    for r in range(rounds):
+        for name in (NAMES if r % 2 == 0 else NAMES[::-1]):
+            got = per_batch_seconds(loaders[name])
+            number = as_number(got)
+            if number is None or number <= 0:
+                raise AssertionError(f"your per_batch_seconds returned {got!r} for the {name} loader: it should "
+                                     "return seconds per batch, a positive number, as it did for PacedLoader")
+            per_batch[name].append(number)
     return Measured(per_batch["minidl"], per_batch["torch"])
 
 
 def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
-                   measure: Callable[[], Measured] = measure) -> Measured:
-    """Check ch10: ``per_batch_seconds`` times a loader right, and ``ratio`` agrees with the checker's measurement.
+                   measure: Callable[[Callable], Measured] = measure) -> Measured:
+    """Check ch10: ``per_batch_seconds`` times a loader right, and ``ratio`` agrees with what it measures here.
 
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
     return measure_then_judge(
-        [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks), measure,
-        lambda measured: (f"Measured: minidl {statistics.median(measured.minidl) * 1e6:.1f} µs per batch, torch "
-                          f"{statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / torch "
-                          f"{measured.ratio:.2f} (median of {len(measured.minidl)} per-round ratios)"),
+        [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
+        lambda: measure(per_batch_seconds),
+        lambda measured: (f"Measured with your per_batch_seconds: minidl {statistics.median(measured.minidl) * 1e6:.1f}"
+                          f" µs per batch, torch {statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / "
+                          f"torch {measured.ratio:.2f} (median of {len(measured.minidl)} rounds, which ranged "
+                          f"{min(measured.ratios):.2f} to {max(measured.ratios):.2f})"),
         lambda measured, checks: judge(ratio, measured, checks))
 
 
@@ -138,19 +137,21 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
 
 
 def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict on the reported ``ratio``, from the checker's measurement alone."""
+    """The verdict on the reported ``ratio``, from what your ``per_batch_seconds`` measured in the check alone."""
     checks = checks or _Checks()
-    case = f"your ratio, {ratio!r}, against the {measured.ratio:.2f} measured"
+    case = f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now"
     number = as_number(ratio)
     if number is None or number <= 0:
         checks.fail(case, f"ratio should be a positive number, but it is {ratio!r}",
                     "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.")
     if not agrees(number, measured.ratios, RATIO_FACTOR):
-        hint = ("time both loaders in interleaved rounds (minidl then torch, then torch then minidl, ...), divide "
-                "within each round, and report the median of those ratios.")
+        hint = ("set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
+                "torch's each round, the median), not a figure from the README or another machine; if the machine "
+                "got busier or quieter since, run your cell and this one again.")
         if close(1 / number, measured.ratio, RATIO_FACTOR):
             hint = "you divided the other way round: minidl's per-batch time / torch's."
         elif number == 1:
             hint = "1.0 says the two cost the same: report the ratio you measured, not a guess."
-        checks.fail(case, f"that is more than {RATIO_FACTOR}x away from what the checker measured", hint)
+        checks.fail(case, f"your rounds here ran from {min(measured.ratios):.2f} to {max(measured.ratios):.2f}: "
+                    f"{number} is more than {RATIO_FACTOR}x outside that", hint)
     checks.passed += 1
