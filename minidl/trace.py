@@ -20,12 +20,13 @@ import os
 import statistics
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from minidl._utils import now
 from minidl.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetcher
+from minidl.worker import _IterableDatasetStopIteration
 
 # The steps of a batch's life, in the order they happen. Spans have a duration; the others are
 # instants (start == end).
@@ -163,10 +164,12 @@ class _TracedResultQueue:
         self.queue, self.recorder = queue, recorder
 
     def put(self, r) -> None:
-        idx, data = r
-        if isinstance(idx, int):  # a batch: acks and other control answers travel as they are
+        if isinstance(r[0], int):  # a batch: acks travel as they are
+            idx, data, *extras = r
             self.recorder.instant("put", idx)
-            r = (idx, data, self.recorder.take())
+            extras = extras[0] if extras else {}  # what each layer ships with the batch, by layer
+            extras["trace"] = self.recorder.take()
+            r = (idx, data, extras)
         self.queue.put(r)
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
@@ -177,7 +180,8 @@ class _TracedWorker:
     """The worker side of tracing, handed to each worker in ``_WorkerOptions.layers``.
 
     In the worker it makes a recorder, traced queues that note each task and ship its events with
-    the batch (a third element the traced iterator's ``_get_data`` takes off), and a traced fetcher.
+    the batch (under "trace" in the layers' dict, a third element the traced iterator's ``_get_data``
+    takes its part of), and a traced fetcher.
     """
 
     def __call__(self, worker_id: int, index_queue, data_queue, create_fetcher):
@@ -197,7 +201,7 @@ class _TracedPinInQueue:
 
     def get(self, timeout=None):
         r = self.queue.get(timeout=timeout)
-        if len(r) == 3:  # (idx, batch, its events so far)
+        if len(r) == 3:  # (idx, batch, what the layers ship with it: its events so far, ...)
             self.recorder.batch = (r[0], now(), r[2])
             return r[:2]
         self.recorder.batch = None
@@ -212,11 +216,11 @@ class _TracedPinOutQueue:
 
     def put(self, r, timeout=None) -> None:
         if self.recorder.batch is not None:  # the out queue is unbounded: each put succeeds at once
-            batch, start, events = self.recorder.batch
+            batch, start, extras = self.recorder.batch
             self.recorder.batch = None
             self.recorder.add("pin", batch, start, now())
-            events.extend(self.recorder.take())
-            r = (*r, events)
+            extras.setdefault("trace", []).extend(self.recorder.take())
+            r = (*r, extras)
         self.queue.put(r, timeout=timeout)
 
 
@@ -285,18 +289,27 @@ class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDat
         if self._send_idx > sent:
             self._recorder.add("send", sent, start, worker=self._task_info[sent][0])
 
+    def _reset(self, loader, first_iter: bool = False) -> None:
+        self._received = [deque() for _ in range(self._num_workers)]  # per worker: batches received, not handed out
+        super()._reset(loader, first_iter)
+        for received in self._received:  # a persistent worker's stale results of the last epoch were dropped
+            received.clear()
+
     def _get_data(self):
         waited_since = now()
-        idx, data, *events = super()._get_data()
+        idx, data, *extras = super()._get_data()
+        events = extras[0].pop("trace", None) if extras else None
         if events:
-            self._trace.extend(events[0])
+            self._trace.extend(events)
         if isinstance(idx, int):
             self._recorder.instant("receive", idx, waited_since=waited_since)
-        return idx, data
+            if idx in self._task_info and not isinstance(data, _IterableDatasetStopIteration):
+                self._received[self._task_info[idx][0]].append(idx)
+        return (idx, data, extras[0]) if extras and extras[0] else (idx, data)
 
-    def _process_data(self, data, worker_id: int, idx: int):
-        self._trace_batch = idx
-        return super()._process_data(data, worker_id, idx)
+    def _process_data(self, data, worker_id: int):
+        self._trace_batch = self._received[worker_id].popleft()  # a worker's batches go out in the order it sent them
+        return super()._process_data(data, worker_id)
 
 
 def _reorder_events(events: list[dict]) -> list[dict]:

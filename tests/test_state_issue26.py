@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import random
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,12 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(300)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def seed_everything(s: int) -> None:
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
 
 
 def flat(batches) -> list:
@@ -57,13 +64,16 @@ def test_state_between_epochs_with_shuffle_and_no_generator_gives_the_next_two_e
         return minidl.DataLoader(toy.RangeDataset(8), shuffle=True, num_workers=num_workers, stateful=True,
                                  collate_fn=list)
 
+    # Between epochs, the next epoch's draws come from the global generator as it stands then, as in torch: a
+    # training loop checkpoints its own RNG state beside the loader's, and restores both.
     torch.manual_seed(0)
     loader = make()
     list(loader)
-    state = loader.state_dict()
+    state, rng = loader.state_dict(), torch.get_rng_state()
     later = [flat(loader), flat(loader)]
-    torch.manual_seed(99)  # the resuming process's global state is not the saving one's
+    torch.manual_seed(99)  # another process...
     resumed = resume_from(make, state)
+    torch.set_rng_state(rng)  # ...that restores the checkpoint
     assert [flat(resumed), flat(resumed)] == later
     assert later[0] != later[1]
 
@@ -93,7 +103,7 @@ def test_state_between_epochs_keeps_an_iterable_dataset_s_own_state():
     state = loader.state_dict()
     resumed = minidl.DataLoader(EpochCounter(), batch_size=None, stateful=True)
     resumed.load_state_dict(state)
-    assert list(resumed) == list(loader) == [(1, i) for i in range(4)]
+    assert [tuple(x) for x in resumed] == [tuple(x) for x in loader] == [(1, i) for i in range(4)]
 
 
 def test_state_between_epochs_keeps_persistent_workers_random_streams():
@@ -326,9 +336,9 @@ def test_the_state_is_json_safe(num_workers):
         return minidl.DataLoader(toy.GlobalRandomDataset(12), batch_size=2, shuffle=True, num_workers=num_workers,
                                  stateful=True)
 
-    torch.manual_seed(0)
+    seed_everything(0)
     full = [repr(b) for b in make()]
-    torch.manual_seed(0)
+    seed_everything(0)
     loader = make()
     it = iter(loader)
     got = [repr(next(it)) for _ in range(2)]
