@@ -641,8 +641,8 @@ def _between_epochs(loader, it) -> LoaderState:
 def _loader_state(loader, it, tasks_done: int, **extra) -> LoaderState:
     """The one place a LoaderState is built: from an iterator mid-epoch (``it``), or between epochs."""
     if it is not None:
-        extra = dict(generators=it._generator_states, base_seed=it._base_seed, draws_base_seed=it._epoch_draws_base_seed,
-                     num_yielded=it._num_yielded) | extra
+        extra = dict(generators=it._generator_states, base_seed=it._base_seed,
+                     draws_base_seed=it._epoch_draws_base_seed, num_yielded=it._num_yielded) | extra
     extra = dict(num_yielded=0, base_seed=None, draws_base_seed=True) | extra
     workers = extra.get("workers")
     if workers is not None:

@@ -272,7 +272,6 @@ def test_state_dict_from_another_thread_while_the_loop_runs(num_workers):
     assert not any(t.is_alive() for t in threads), "state_dict() from another thread hung the loop"
     assert not errors and states
     assert flat(got) == list(range(40))
-    del it
 
 
 class StateDictRaises(toy.RangeDataset):
