@@ -25,7 +25,7 @@ import numpy as np
 from minidl import _random
 from minidl._utils import ExceptionWrapper
 from minidl.fetch import _DatasetKind
-from minidl.worker import _IterableDatasetStopIteration, _ResumeIteration, get_worker_info
+from minidl.worker import _IterableDatasetStopIteration, _ResumeIteration, get_worker_info, ship, unship
 
 # NOTE [ Resuming mid-epoch ]
 #
@@ -289,42 +289,19 @@ class _StatefulResultQueue:
         self.queue, self.keeper = queue, keeper
 
     def put(self, r) -> None:
-        idx, data, *extras = r
-        extras = extras[0] if extras else {}
+        idx, data = r
         ended = isinstance(data, _IterableDatasetStopIteration)
         try:
             if isinstance(idx, _ResumeIteration):
-                extras["state"] = (self.keeper.worker_id, self.keeper.snapshot())
+                r = ship(r, "state", (self.keeper.worker_id, self.keeper.snapshot()))
             elif ended or self.keeper.layer.ships_state(idx):
-                extras["state"] = self.keeper.snapshot(ended)
+                r = ship(r, "state", self.keeper.snapshot(ended))
         except Exception:  # the dataset's state_dict() failed: raised in the main process, with this batch
-            data = ExceptionWrapper(where=f"in DataLoader worker {self.keeper.worker_id}'s dataset.state_dict()")
-        self.queue.put((idx, data, extras))
+            r = idx, ExceptionWrapper(where=f"in DataLoader worker {self.keeper.worker_id}'s dataset.state_dict()")
+        self.queue.put(r)
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
         return getattr(self.queue, name)
-
-
-class _ExtrasAside:
-    """The pin thread's input without tracing: hands the pin loop ``(idx, batch)``, keeps the state aside."""
-
-    def __init__(self, queue) -> None:
-        self.queue, self.extras = queue, None
-
-    def get(self, timeout=None):
-        r = self.queue.get(timeout=timeout)
-        self.extras = r[2] if len(r) == 3 else None
-        return r[:2]
-
-
-class _ExtrasBack:
-    """The pin thread's output: the batch's state goes back beside it."""
-
-    def __init__(self, queue, aside: _ExtrasAside) -> None:
-        self.queue, self.aside = queue, aside
-
-    def put(self, r, timeout=None) -> None:
-        self.queue.put(r if self.aside.extras is None else (*r, self.aside.extras), timeout=timeout)
 
 
 # --- the generators an epoch draws from -----------------------------------------------------------
@@ -493,12 +470,6 @@ class _StatefulMultiIter(_StatefulIterMixin):
         layer = _StatefulWorker(self._every, self._num_workers, epoch_len, resume)
         return dataclasses.replace(options, layers=(*options.layers, layer))
 
-    def _start_pin_memory_thread(self, in_queue, out_queue):
-        if getattr(self, "_trace", None) is not None:  # tracing's pin queues carry every layer's extras
-            return super()._start_pin_memory_thread(in_queue, out_queue)
-        aside = _ExtrasAside(in_queue)
-        return super()._start_pin_memory_thread(aside, _ExtrasBack(out_queue, aside))
-
     def _reset(self, loader, first_iter: bool = False) -> None:
         resumed = self._resumed if first_iter else None
         if not first_iter:  # a new epoch on persistent workers: its draws start from here
@@ -529,8 +500,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
         super()._try_put_index()
 
     def _get_data(self):
-        idx, data, *extras = super()._get_data()
-        state = extras[0].pop("state", None) if extras else None
+        r, idx, state = unship(super()._get_data(), "state")
+        data = r[1]
         if isinstance(idx, _ResumeIteration):
             if state is not None:  # a persistent worker's state as the new epoch starts
                 worker_id, worker_state = state
@@ -540,7 +511,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
                 self._ends[data.worker_id] = (idx, state)
             else:
                 self._pending[self._task_info[idx][0]].append(state)
-        return (idx, data, extras[0]) if extras and extras[0] else (idx, data)
+        return r
 
     def _process_data(self, data, worker_id: int):
         state = self._pending[worker_id].popleft()  # this worker's batches are handed out in the order it sent them

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from minidl._utils import now
 from minidl.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetcher
-from minidl.worker import _IterableDatasetStopIteration
+from minidl.worker import _IterableDatasetStopIteration, ship, unship
 
 # The steps of a batch's life, in the order they happen. Spans have a duration; the others are
 # instants (start == end).
@@ -164,12 +164,10 @@ class _TracedResultQueue:
         self.queue, self.recorder = queue, recorder
 
     def put(self, r) -> None:
-        if isinstance(r[0], int):  # a batch: acks travel as they are
-            idx, data, *extras = r
+        idx = r[0][0] if isinstance(r[0], tuple) else r[0]  # another layer may have shipped its own with it
+        if isinstance(idx, int):  # a batch: acks travel as they are
             self.recorder.instant("put", idx)
-            extras = extras[0] if extras else {}  # what each layer ships with the batch, by layer
-            extras["trace"] = self.recorder.take()
-            r = (idx, data, extras)
+            r = ship(r, "trace", self.recorder.take())
         self.queue.put(r)
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
@@ -180,8 +178,7 @@ class _TracedWorker:
     """The worker side of tracing, handed to each worker in ``_WorkerOptions.layers``.
 
     In the worker it makes a recorder, traced queues that note each task and ship its events with
-    the batch (under "trace" in the layers' dict, a third element the traced iterator's ``_get_data``
-    takes its part of), and a traced fetcher.
+    the batch (``worker.ship``; the traced iterator's ``_get_data`` takes them off), and a traced fetcher.
     """
 
     def __call__(self, worker_id: int, index_queue, data_queue, create_fetcher):
@@ -194,17 +191,16 @@ class _TracedWorker:
 
 
 class _TracedPinInQueue:
-    """The pin thread's input: takes a traced batch's events off (the pin loop sees ``(idx, data)``), notes the time."""
+    """The pin thread's input: notes when a traced batch comes in (its events ride on with it, see ``worker.ship``)."""
 
     def __init__(self, queue, recorder: Recorder) -> None:
         self.queue, self.recorder = queue, recorder
 
     def get(self, timeout=None):
         r = self.queue.get(timeout=timeout)
-        if len(r) == 3:  # (idx, batch, what the layers ship with it: its events so far, ...)
-            self.recorder.batch = (r[0], now(), r[2])
-            return r[:2]
-        self.recorder.batch = None
+        idx = r[0]
+        # A batch's events ride in its idx slot (worker.ship), which the pin loop passes on untouched.
+        self.recorder.batch = (idx[0], now(), idx[1]) if isinstance(idx, tuple) and "trace" in idx[1] else None
         return r
 
 
@@ -219,8 +215,7 @@ class _TracedPinOutQueue:
             batch, start, extras = self.recorder.batch
             self.recorder.batch = None
             self.recorder.add("pin", batch, start, now())
-            extras.setdefault("trace", []).extend(self.recorder.take())
-            r = (*r, extras)
+            extras["trace"].extend(self.recorder.take())
         self.queue.put(r, timeout=timeout)
 
 
@@ -297,15 +292,15 @@ class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDat
 
     def _get_data(self):
         waited_since = now()
-        idx, data, *extras = super()._get_data()
-        events = extras[0].pop("trace", None) if extras else None
+        r, idx, events = unship(super()._get_data(), "trace")
+        data = r[1]
         if events:
             self._trace.extend(events)
         if isinstance(idx, int):
             self._recorder.instant("receive", idx, waited_since=waited_since)
             if idx in self._task_info and not isinstance(data, _IterableDatasetStopIteration):
                 self._received[self._task_info[idx][0]].append(idx)
-        return (idx, data, extras[0]) if extras and extras[0] else (idx, data)
+        return r
 
     def _process_data(self, data, worker_id: int):
         self._trace_batch = self._received[worker_id].popleft()  # a worker's batches go out in the order it sent them
