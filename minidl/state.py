@@ -13,9 +13,10 @@ import copy
 import dataclasses
 import functools
 import itertools
+import json
 import random
 import sys
-from collections import deque
+from collections import deque, namedtuple
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -81,7 +82,7 @@ def rng_state(g) -> Any:
         return [version, list(internal), gauss]
     if isinstance(g, np.random.RandomState | np.random.Generator):
         state = g.get_state(legacy=False) if isinstance(g, np.random.RandomState) else g.bit_generator.state
-        return _plain(state)
+        return json.loads(json.dumps(state, default=np.ndarray.tolist))  # MT19937's key array becomes a list
     return base64.b64encode(g.get_state().numpy().tobytes()).decode("ascii")  # a torch.Generator
 
 
@@ -97,14 +98,6 @@ def set_rng_state(g, state) -> None:
         import torch
 
         g.set_state(torch.frombuffer(bytearray(base64.b64decode(state)), dtype=torch.uint8))
-
-
-def _plain(x):
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    return x
 
 
 def _streams(rng) -> list:
@@ -131,8 +124,19 @@ def capture_worker_state(rng, dataset: Any, ended: bool = False) -> WorkerState:
     return WorkerState(ended, [None if g is None else rng_state(g) for g in _streams(rng)], dataset_state)
 
 
-def restore_streams(state: WorkerState, rng) -> None:
-    for g, saved in zip(_streams(rng), state.streams or (), strict=False):
+def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
+    """The fetcher ``create_fetcher()`` makes, on the dataset's saved state (before iter(dataset) reads it); a
+    replica that had run out gets an ended fetcher, so its first task says so."""
+    if state is not None and state.dataset is not None:
+        dataset.load_state_dict(state.dataset)
+    fetcher = create_fetcher()
+    if state is not None and state.ended:
+        fetcher.ended = True
+    return fetcher
+
+
+def restore_streams(state: WorkerState | None, rng) -> None:
+    for g, saved in zip(_streams(rng), state and state.streams or (), strict=False):
         if g is not None and saved is not None:
             set_rng_state(g, saved)
 
@@ -169,12 +173,10 @@ class LoaderState:
             raise ValueError(f"load_state_dict expects the dict state_dict() returned, but got {type(state).__name__}")
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"state_dict version {state.get('version')!r} is not {STATE_VERSION}")
-        names = [f.name for f in fields(cls)]
-        for f in fields(cls):
-            if f.name not in state and f.default is not None:
-                raise ValueError(f"state_dict is missing the key {f.name!r}: pass what DataLoader.state_dict() "
-                                 "returned")
-        unknown = sorted(set(state) - set(names))
+        missing = [f.name for f in fields(cls) if f.name not in state and f.default is not None]
+        if missing:
+            raise ValueError(f"state_dict is missing the key {missing[0]!r}: pass what state_dict() returned")
+        unknown = sorted(set(state) - {f.name for f in fields(cls)})
         if unknown:
             raise ValueError(f"state_dict has unknown key(s) {unknown}: was it saved by DataLoader.state_dict()?")
         new = cls(**state)
@@ -246,8 +248,8 @@ class _StatefulWorker:
     resume: WorkerState | None = None  # restored when the worker makes its first fetcher
 
     def __call__(self, worker_id: int, index_queue, data_queue, create_fetcher):
-        keeper = _StateKeeper(worker_id, self, create_fetcher)
-        return index_queue, _StatefulResultQueue(data_queue, keeper), keeper.create_fetcher
+        result_queue = _StatefulResultQueue(data_queue, worker_id, self, create_fetcher)
+        return index_queue, result_queue, result_queue.create_fetcher
 
     def ships_state(self, idx: int) -> bool:
         """Whether task ``idx`` carries the worker's state: every task, or those just before a snapshot
@@ -257,47 +259,33 @@ class _StatefulWorker:
             (self.epoch_len is not None and idx >= self.epoch_len - w)
 
 
-class _StateKeeper:
-    """In a worker: restores the saved state once, and captures the state to ship."""
+class _StatefulResultQueue:
+    """A worker's result queue that ships the worker's state with its batches, its end, and a new epoch's ack;
+    its ``create_fetcher`` restores the saved state before the worker's first fetcher."""
 
-    def __init__(self, worker_id: int, layer: _StatefulWorker, create_fetcher) -> None:
-        self.worker_id, self.layer, self._create_fetcher = worker_id, layer, create_fetcher
-        self.resume = layer.resume
-        self.fetcher = None
+    def __init__(self, queue, worker_id: int, layer: _StatefulWorker, create_fetcher) -> None:
+        self.queue, self.worker_id, self.layer, self._create_fetcher = queue, worker_id, layer, create_fetcher
+        self.resume, self.fetcher = layer.resume, None
 
     def create_fetcher(self, kind, dataset, auto_collation, collate_fn, drop_last):
         if self.resume is not None:  # the first fetcher, after worker_init_fn (which may reseed): the saved state wins
             restore_streams(self.resume, get_worker_info().rng)
-            if self.resume.dataset is not None:
-                dataset.load_state_dict(self.resume.dataset)
-        self.fetcher = self._create_fetcher(kind, dataset, auto_collation, collate_fn, drop_last)
-        if self.resume is not None and self.resume.ended:  # its replica had run out: its first task says so
-            self.fetcher.ended = True
+        self.fetcher = resumed_fetcher(self.resume, dataset, lambda: self._create_fetcher(
+            kind, dataset, auto_collation, collate_fn, drop_last))
         self.resume = None
         return self.fetcher
 
-    def snapshot(self, ended: bool = False) -> WorkerState:
-        """The state now; ``ended`` also when the replica ran out within the batch just made (a short last batch)."""
-        info = get_worker_info()
-        return capture_worker_state(info.rng, info.dataset, ended or getattr(self.fetcher, "ended", False))
-
-
-class _StatefulResultQueue:
-    """A worker's result queue that ships the worker's state with its batches, its end, and a new epoch's ack."""
-
-    def __init__(self, queue, keeper: _StateKeeper) -> None:
-        self.queue, self.keeper = queue, keeper
-
     def put(self, r) -> None:
         idx, data = r
-        ended = isinstance(data, _IterableDatasetStopIteration)
+        ended = isinstance(data, _IterableDatasetStopIteration) or getattr(self.fetcher, "ended", False)
+        info = get_worker_info()
         try:
             if isinstance(idx, _ResumeIteration):
-                r = ship(r, "state", (self.keeper.worker_id, self.keeper.snapshot()))
-            elif ended or self.keeper.layer.ships_state(idx):
-                r = ship(r, "state", self.keeper.snapshot(ended))
+                r = ship(r, "state", (self.worker_id, capture_worker_state(info.rng, info.dataset)))
+            elif ended or self.layer.ships_state(idx):  # ended: also when a short last batch used the replica up
+                r = ship(r, "state", capture_worker_state(info.rng, info.dataset, ended))
         except Exception:  # the dataset's state_dict() failed: raised in the main process, with this batch
-            r = idx, ExceptionWrapper(where=f"in DataLoader worker {self.keeper.worker_id}'s dataset.state_dict()")
+            r = idx, ExceptionWrapper(where=f"in DataLoader worker {self.worker_id}'s dataset.state_dict()")
         self.queue.put(r)
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
@@ -313,18 +301,11 @@ def generators_of(loader) -> list:
     The global one is included only when something draws from it (no generator given), so a
     loader driven by a NumPy generator never imports torch to read torch's global state.
     """
-    found: dict[int, Any] = {}
-    uses_global = False
     batch_sampler = loader.batch_sampler
-    for owner in (loader, loader.sampler, batch_sampler, getattr(batch_sampler, "sampler", None)):
-        if not hasattr(owner, "generator"):
-            continue
-        g = owner.generator
-        if g is None:
-            uses_global = True
-        else:
-            found.setdefault(id(g), g)
-    return [None, *found.values()] if uses_global else list(found.values())
+    owners = (loader, loader.sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
+    used = [owner.generator for owner in owners if hasattr(owner, "generator")]
+    found = list({id(g): g for g in used if g is not None}.values())
+    return [None, *found] if any(g is None for g in used) else found
 
 
 def generator_kinds(generators: list) -> list[str]:
@@ -393,10 +374,19 @@ class _StatefulIterMixin:
         return self._resumed
 
     def _draw_base_seed(self, loader) -> int:
-        drawn = super()._draw_base_seed(loader) if self._resumed is None or self._resumed.draws_base_seed else None
-        if self._resumed is None or self._resumed.base_seed is None:
-            return drawn
-        return self._resumed.base_seed  # a persistent loader's later epoch: its workers kept the first one
+        resumed = self._resumed
+        drawn = super()._draw_base_seed(loader) if resumed is None or resumed.draws_base_seed else None
+        # A persistent loader's later epoch: its workers kept the first one.
+        return drawn if resumed is None or resumed.base_seed is None else resumed.base_seed
+
+    def _skip_consumed(self, tasks_done: int) -> None:
+        """Draw the index batches the consumer had, unfetched, and the next one too (a sampler may draw in chunks),
+        while the generators are replayed."""
+        for _ in range(tasks_done):
+            next(self._sampler_iter, None)
+        if tasks_done > 0:
+            first = next(self._sampler_iter, _END)
+            self._sampler_iter = iter(()) if first is _END else itertools.chain([first], self._sampler_iter)
 
     def _replay(self, resumed: LoaderState) -> None:
         """Fetch again, and drop, the batches had after the snapshot the state was saved from."""
@@ -418,28 +408,15 @@ class _StatefulSingleIter(_StatefulIterMixin):
 
     def __init__(self, loader) -> None:
         resumed = self._take_resume_state(loader)
-        if resumed is None:
-            super().__init__(loader)
-            return
-        with replaying(self._generators, self._generator_states):
+        with replaying(self._generators, self._generator_states) if resumed is not None else nullcontext():
             super().__init__(loader)  # base_seed drawn again; the fetcher made on the saved dataset state
-            for _ in range(resumed.tasks_done):  # the batches the consumer had: drawn, not fetched
-                next(self._sampler_iter, None)
-            if resumed.tasks_done > 0:  # the next draw too, while replayed (a sampler may draw in chunks)
-                first = next(self._sampler_iter, _END)
-                self._sampler_iter = iter(()) if first is _END else itertools.chain([first], self._sampler_iter)
-        if resumed.main is not None:  # after the replay, which sets the global generator back
-            restore_streams(resumed.main, None)
-        self._replay(resumed)
+            self._skip_consumed(resumed.tasks_done if resumed is not None else 0)
+        if resumed is not None:
+            restore_streams(resumed.main, None)  # after the replay, which sets the global generator back
+            self._replay(resumed)
 
     def _create_fetcher(self):
-        main = self._resumed.main if self._resumed is not None else None
-        if main is not None and main.dataset is not None:  # before iter(dataset) reads it
-            self._dataset.load_state_dict(main.dataset)
-        fetcher = super()._create_fetcher()
-        if main is not None and main.ended:
-            fetcher.ended = True
-        return fetcher
+        return resumed_fetcher(self._resumed and self._resumed.main, self._dataset, super()._create_fetcher)
 
     def _state_dict(self, loader) -> LoaderState:
         main = capture_worker_state(None, self._dataset, getattr(self._dataset_fetcher, "ended", False))
@@ -472,29 +449,24 @@ class _StatefulMultiIter(_StatefulIterMixin):
 
     def _reset(self, loader, first_iter: bool = False) -> None:
         resumed = self._resumed if first_iter else None
-        if not first_iter:  # a new epoch on persistent workers: its draws start from here
-            self._generator_states = capture_generators(self._generators)
-            self._epoch_draws_base_seed = False
-        # Each worker's state after the last batch the consumer had from it (None: as it starts, freshly seeded);
-        # on persistent workers a new epoch's ack brings it (see _get_data).
-        if first_iter:
-            self._worker_states = list(resumed.workers) if resumed and resumed.workers else [None] * self._num_workers
+        if first_iter:  # each worker's state after the last batch the consumer had from it (None: freshly seeded)
+            self._worker_states = list(resumed and resumed.workers or [None] * self._num_workers)
+        else:  # a new epoch on persistent workers: its draws start from here; each worker's ack brings its state
+            self._generator_states, self._epoch_draws_base_seed = capture_generators(self._generators), False
         self._stale = [False] * self._num_workers  # True: a batch without its state was handed out since
         self._pending = [deque() for _ in range(self._num_workers)]  # states of batches received, not handed out
         self._ends = {}  # worker id -> (task idx of its end, its last state), this epoch
         self._exhausted = False
         super()._reset(loader, first_iter)
-        start = resumed.tasks_done if resumed is not None else 0
-        self._next_snapshot = (start // self._every + 1) * self._every if self._every else None
-        self._snapshot = _Snapshot(start, resumed.num_yielded if resumed else 0, list(self._worker_states),
-                                   resumed.next_worker if resumed else None)
+        start = resumed or _Snapshot(0, 0, None, None)  # where this epoch starts: the first snapshot
+        self._snapshot = _Snapshot(start.tasks_done, start.num_yielded, list(self._worker_states), start.next_worker)
+        self._next_snapshot = (start.tasks_done // self._every + 1) * self._every if self._every else None
 
     def _try_put_index(self) -> None:
         if self._continue_from is not None:  # a resumed epoch's first task: go on where the saved one stood
             state, self._continue_from = self._continue_from, None
             self._send_idx = self._rcvd_idx = state.tasks_done
-            for _ in range(state.tasks_done):  # the batches the consumer had: drawn, not fetched
-                next(self._sampler_iter, None)
+            self._skip_consumed(state.tasks_done)
             for _ in range(state.next_worker or 0):  # the next task goes to the worker the saved one sent it to
                 next(self._worker_queue_idx_cycle)
         super()._try_put_index()
@@ -552,14 +524,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
                              next_worker=at.next_worker, replay=self._num_yielded - at.num_yielded)
 
 
-@dataclass(frozen=True)
-class _Snapshot:
-    """A point of the epoch where every worker's state is known."""
-
-    tasks_done: int
-    num_yielded: int
-    workers: list
-    next_worker: int | None
+# A point of the epoch where every worker's state is known.
+_Snapshot = namedtuple("_Snapshot", "tasks_done num_yielded workers next_worker")
 
 
 # --- DataLoader.state_dict() and load_state_dict() ----------------------------------------------------
@@ -601,8 +567,8 @@ def _between_epochs(loader, it) -> LoaderState:
         at = it._current()
         if at is None:  # a worker's last state is behind: resume at the last snapshot and replay to the end
             return dataclasses.replace(it._state_dict(loader), exhausted=True)
-        extra = dict(workers=[None if s is None else dataclasses.replace(_worker_state(s, "workers"), ended=False)
-                              for s in at.workers], base_seed=it._base_seed, draws_base_seed=False)
+        extra = dict(workers=[s and dataclasses.replace(s, ended=False) for s in at.workers], base_seed=it._base_seed,
+                     draws_base_seed=False)
     elif loader.num_workers == 0:
         main = capture_worker_state(None, loader.dataset)
         extra = dict(main=dataclasses.replace(main, streams=None))  # the global streams are the caller's
@@ -615,9 +581,6 @@ def _loader_state(loader, it, tasks_done: int, **extra) -> LoaderState:
         extra = dict(generators=it._generator_states, base_seed=it._base_seed,
                      draws_base_seed=it._epoch_draws_base_seed, num_yielded=it._num_yielded) | extra
     extra = dict(num_yielded=0, base_seed=None, draws_base_seed=True) | extra
-    workers = extra.get("workers")
-    if workers is not None:
-        extra["workers"] = [_worker_state(w, "workers") for w in workers]
     return LoaderState(num_workers=loader.num_workers, worker_method=loader.worker_method,
                        dataset_len=_len_or_none(loader.dataset), batch_size=loader.batch_size,
                        sampler=type(loader.sampler).__name__, tasks_done=tasks_done,
