@@ -13,7 +13,6 @@ import copy
 import dataclasses
 import functools
 import itertools
-import json
 import random
 import sys
 from collections import deque, namedtuple
@@ -82,8 +81,14 @@ def rng_state(g) -> Any:
         return [version, list(internal), gauss]
     if isinstance(g, np.random.RandomState | np.random.Generator):
         state = g.get_state(legacy=False) if isinstance(g, np.random.RandomState) else g.bit_generator.state
-        return json.loads(json.dumps(state, default=np.ndarray.tolist))  # MT19937's key array becomes a list
+        return _plain(state)
     return base64.b64encode(g.get_state().numpy().tobytes()).decode("ascii")  # a torch.Generator
+
+
+def _plain(x):  # MT19937's key array becomes a list
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    return x.tolist() if isinstance(x, np.ndarray) else x
 
 
 def set_rng_state(g, state) -> None:
