@@ -85,10 +85,8 @@ def rng_state(g) -> Any:
     return base64.b64encode(g.get_state().numpy().tobytes()).decode("ascii")  # a torch.Generator
 
 
-def _plain(x):  # MT19937's key array becomes a list
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    return x.tolist() if isinstance(x, np.ndarray) else x
+def _plain(x):  # NumPy values (MT19937's key array) become Python ones
+    return {k: _plain(v) for k, v in x.items()} if isinstance(x, dict) else np.asarray(x).tolist()
 
 
 def set_rng_state(g, state) -> None:
