@@ -508,12 +508,12 @@ class _StatefulMultiIter(_StatefulIterMixin):
         """Where the consumer stands, if every worker's state after its last batch handed out is known."""
         k = self._rcvd_idx
         workers, stale = list(self._worker_states), list(self._stale)
-        for worker_id, (end_idx, state) in self._ends.items():
+        for worker_id, (end_idx, state) in list(self._ends.items()):  # list: state_dict() may run in another thread
             if end_idx < k:  # the consumer is past this worker's end
                 workers[worker_id], stale[worker_id] = state, False
         if any(stale):
             return None
-        return _Snapshot(k, self._num_yielded, workers, self._task_info[k][0] if k in self._task_info else None)
+        return _Snapshot(k, self._num_yielded, workers, self._task_info.get(k, (None,))[0])
 
     def _state_dict(self, loader) -> LoaderState:
         """Where this epoch stands: now, or at the last snapshot and the batches had since."""

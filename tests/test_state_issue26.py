@@ -346,3 +346,37 @@ def test_the_state_is_json_safe(num_workers):
     resumed = make()
     resumed.load_state_dict(state)
     assert got + [repr(b) for b in resumed] == full
+
+
+# --- snapshot_every_n_steps (torchdata's name and meaning) ---------------------------------------------
+
+
+@pytest.mark.parametrize("every", [3, 0, None])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_snapshot_every_n_steps_resumes_at_every_cut(every, persistent):
+    # Workers ship their state only before every n-th batch (never, with 0 or None); a state saved between
+    # snapshots resumes from the last one and fetches the batches since again: the same batches either way.
+    def make():
+        return minidl.DataLoader(toy.GlobalRandomDataset(14), batch_size=2, shuffle=True, num_workers=2,
+                                 persistent_workers=persistent, stateful=True, snapshot_every_n_steps=every,
+                                 generator=torch.Generator().manual_seed(3))
+
+    full = make()
+    epochs = [[repr(b) for b in full] for _ in range(2)]
+    replays = []
+    for cut in range(8):
+        loader = make()
+        it = iter(loader)
+        got = [repr(next(it)) for _ in range(cut)]
+        state = json.loads(json.dumps(loader.state_dict()))
+        replays.append(state["replay"])
+        del it
+        resumed = resume_from(make, state)
+        assert got + [repr(b) for b in resumed] == epochs[0], cut
+        assert [repr(b) for b in resumed] == epochs[1], cut
+    assert replays == ([0, 1, 2, 0, 1, 2, 0, 0] if every == 3 else list(range(7)) + [0])
+
+
+def test_snapshot_every_n_steps_is_checked():
+    with pytest.raises(ValueError, match="snapshot_every_n_steps"):
+        minidl.DataLoader(range(4), stateful=True, snapshot_every_n_steps=-1)
