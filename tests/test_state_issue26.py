@@ -5,6 +5,7 @@ Each test failed before its fix; the oracle is the uninterrupted run (or torch, 
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import pickle
@@ -380,3 +381,56 @@ def test_snapshot_every_n_steps_resumes_at_every_cut(every, persistent):
 def test_snapshot_every_n_steps_is_checked():
     with pytest.raises(ValueError, match="snapshot_every_n_steps"):
         minidl.DataLoader(range(4), stateful=True, snapshot_every_n_steps=-1)
+
+
+# --- torchdata's suite reads its private keys in a few tests: the same checks on minidl's state ----------
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_state_taken_before_iterating_resumes_whole_epochs(persistent):
+    # torchdata's TestInitialState: its state has one snapshot per worker before any batch; minidl's says the
+    # workers start fresh (None), and either way loading it gives the whole epoch, twice.
+    def make():
+        return minidl.DataLoader(toy.RangeDataset(20), batch_size=2, num_workers=4, persistent_workers=persistent,
+                                 stateful=True, collate_fn=list)
+
+    loader = make()
+    state = loader.state_dict()
+    assert state["tasks_done"] == 0 and state["workers"] in (None, [None] * 4)
+    expected = flat(loader)
+    it = iter(loader)
+    next(it), next(it)
+    loader.load_state_dict(state)
+    assert flat(loader) == flat(loader) == expected
+
+
+class GrowingState(minidl.IterableDataset):
+    """Its state_dict() grows with every item: a list of what it has yielded, as torchdata's DynamicState test."""
+
+    def __init__(self) -> None:
+        self.seen = []
+
+    def __iter__(self):
+        while len(self.seen) < 40:
+            self.seen.append(len(self.seen))
+            yield self.seen[-1]
+
+    def state_dict(self) -> dict:
+        return {"seen": self.seen}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seen = list(state["seen"])
+
+
+def test_a_saved_state_is_not_changed_by_later_batches():
+    # torchdata's TestDynamicState reads worker_0's dataset state: here it is state["workers"][0]["dataset"].
+    loader = minidl.DataLoader(GrowingState(), batch_size=None, num_workers=2, stateful=True)
+    it = iter(loader)
+    [next(it) for _ in range(6)]
+    state = loader.state_dict()
+    kept = copy.deepcopy(state)
+    [next(it) for _ in range(4)]
+    later = loader.state_dict()
+    assert state == kept and later != state
+    assert [len(w["dataset"]["seen"]) for w in state["workers"]] == [3, 3]
+    assert [len(w["dataset"]["seen"]) for w in later["workers"]] == [5, 5]
