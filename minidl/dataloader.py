@@ -4,7 +4,8 @@ Mirrors ``torch/utils/data/dataloader.py``. The single-process iterator is the w
 fetch, collate (and pin); the multi-worker iterator adds queues, a reorder buffer and a shutdown
 protocol (see the NOTE below). Workers are processes by default, or threads with
 ``worker_method="thread"``. minidl's optional layers, tracing (minidl/trace.py) and resume
-(minidl/state.py), are iterator subclasses chosen in ``DataLoader._get_iterator``.
+(minidl/state.py), are iterator subclasses put on top in ``DataLoader._get_iterator``, each from one
+marked block of ``DataLoader``: delete the block and the file, and the loader runs without that layer.
 """
 
 from __future__ import annotations
@@ -298,7 +299,6 @@ class DataLoader(Generic[_T_co]):
                 "slowness/freeze if necessary.",
                 stacklevel=2,
             )
-
 
     # minidl's optional layers. Each is an iterator subclass put on top of the loader's own in _get_iterator (its
     # worker side rides in _WorkerOptions.layers and ships what it records with each batch). Delete a layer's
