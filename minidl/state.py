@@ -118,13 +118,17 @@ class WorkerState:
     ended: bool = False  # its IterableDataset replica had run out this epoch
     streams: list | None = None  # rng_state() of each of _streams(): random, NumPy, torch (None: not imported)
     dataset: Any = None  # a copy of the dataset's own state_dict(), if it has one
+    iterator: Any = None  # a copy of iter(dataset)'s, if it has one (an IterableDataset may be its own iterator)
 
 
-def capture_worker_state(rng, dataset: Any, ended: bool = False) -> WorkerState:
-    """Save the streams a worker's dataset may draw from, and the dataset's own state if it has one (copied:
-    a dataset may hand out its live dict)."""
-    dataset_state = copy.deepcopy(dataset.state_dict()) if hasattr(dataset, "state_dict") else None
-    return WorkerState(ended, [None if g is None else rng_state(g) for g in _streams(rng)], dataset_state)
+def capture_worker_state(rng, dataset: Any, ended: bool = False, fetcher=None) -> WorkerState:
+    """Save the streams a worker's dataset may draw from, and the states of the dataset and of its iterator if
+    they have one (copied: a dataset may hand out its live dict)."""
+    it = getattr(fetcher, "dataset_iter", None)
+    states = [copy.deepcopy(x.state_dict()) if hasattr(x, "state_dict") else None for x in (dataset, it)]
+    if it is dataset:  # its own iterator: its state goes back after iter(dataset), which may reset it
+        states[0] = None
+    return WorkerState(ended, [None if g is None else rng_state(g) for g in _streams(rng)], *states)
 
 
 def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
@@ -133,6 +137,8 @@ def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
     if state is not None and state.dataset is not None:
         dataset.load_state_dict(state.dataset)
     fetcher = create_fetcher()
+    if state is not None and state.iterator is not None:
+        fetcher.dataset_iter.load_state_dict(state.iterator)
     if state is not None and state.ended:
         fetcher.ended = True
     return fetcher
@@ -183,8 +189,11 @@ class LoaderState:
         if unknown:
             raise ValueError(f"state_dict has unknown key(s) {unknown}: was it saved by DataLoader.state_dict()?")
         new = cls(**state)
-        new.workers = None if new.workers is None else [_worker_state(w, "workers") for w in new.workers]
-        new.main = _worker_state(new.main, "main")
+        try:
+            new.workers = None if new.workers is None else [w and WorkerState(**w) for w in new.workers]
+            new.main = new.main and WorkerState(**new.main)
+        except TypeError:
+            raise ValueError("state_dict keys 'workers' and 'main' hold what DataLoader.state_dict() saved") from None
         for key, have in (("num_workers", loader.num_workers), ("worker_method", loader.worker_method),
                           ("dataset_len", _len_or_none(loader.dataset)), ("batch_size", loader.batch_size),
                           ("sampler", type(loader.sampler).__name__)):
@@ -197,16 +206,18 @@ class LoaderState:
         kinds = generator_kinds(generators_of(loader))
         if new.generator_kinds is not None and new.generator_kinds != kinds:
             raise ValueError(
-                f"this state_dict was saved by a loader drawing from {_describe_kinds(new.generator_kinds)}, but this "
-                f"DataLoader draws from {_describe_kinds(kinds)}: its batches would follow another permutation. Resume "
+                f"this state_dict was saved by a loader drawing from {' and '.join(new.generator_kinds) or 'nothing'}, "
+                f"but this DataLoader draws from {' and '.join(kinds) or 'nothing'}: its batches would follow another "
+                "permutation. Resume "
                 "with the same generator= (and sampler generators) as the loader that saved it"
             )
         iterable = loader._dataset_kind == _DatasetKind.Iterable
-        if iterable and new.tasks_done > 0 and not hasattr(loader.dataset, "load_state_dict"):
+        iterators_saved = any(w is not None and w.iterator is not None for w in [*(new.workers or ()), new.main])
+        if iterable and new.tasks_done > 0 and not hasattr(loader.dataset, "load_state_dict") and not iterators_saved:
             raise ValueError(
                 f"can't resume {type(loader.dataset).__name__} mid-epoch: an IterableDataset resumes only if it "
-                "has state_dict() and load_state_dict() (without them the epoch would start again from its first "
-                "item and repeat what was already consumed)"
+                "(or the iterator iter() returns) has state_dict() and load_state_dict() (without them the epoch "
+                "would start again from its first item and repeat what was already consumed)"
             )
         length = None if iterable else _len_or_none(loader._index_sampler)
         if not 0 <= new.num_yielded <= new.tasks_done or (length is not None and new.tasks_done > length) \
@@ -219,16 +230,6 @@ class LoaderState:
             raise ValueError(f"state_dict key 'next_worker' is {new.next_worker}, out of range for "
                              f"{new.num_workers} workers")
         return new
-
-
-def _worker_state(saved: dict | WorkerState | None, key: str) -> WorkerState | None:
-    if saved is None or isinstance(saved, WorkerState):
-        return saved
-    try:
-        return WorkerState(**saved)
-    except TypeError:
-        raise ValueError(f"state_dict key {key!r} holds {saved!r}, not a worker state DataLoader.state_dict() "
-                         "saved") from None
 
 
 def _len_or_none(obj) -> int | None:
@@ -284,9 +285,9 @@ class _StatefulResultQueue:
         info = get_worker_info()
         try:
             if isinstance(idx, _ResumeIteration):
-                r = ship(r, "state", (self.worker_id, capture_worker_state(info.rng, info.dataset)))
+                r = ship(r, "state", (self.worker_id, capture_worker_state(info.rng, info.dataset)))  # no fetcher yet
             elif ended or self.layer.ships_state(idx):  # ended: also when a short last batch used the replica up
-                r = ship(r, "state", capture_worker_state(info.rng, info.dataset, ended))
+                r = ship(r, "state", capture_worker_state(info.rng, info.dataset, ended, self.fetcher))
         except Exception:  # the dataset's state_dict() failed: raised in the main process, with this batch
             r = idx, ExceptionWrapper(where=f"in DataLoader worker {self.worker_id}'s dataset.state_dict()")
         self.queue.put(r)
@@ -312,13 +313,9 @@ def generators_of(loader) -> list:
 
 
 def generator_kinds(generators: list) -> list[str]:
-    """What each generator of ``generators_of`` is: "global" (None), "numpy" or "torch"."""
-    return ["global" if g is None else "numpy" if isinstance(g, np.random.Generator) else "torch" for g in generators]
-
-
-def _describe_kinds(kinds: list[str]) -> str:
-    names = {"global": "the global random state", "numpy": "a numpy.random.Generator", "torch": "a torch.Generator"}
-    return " and ".join(names[k] for k in kinds) or "no generator"
+    """What each generator of ``generators_of`` is, in words."""
+    return ["the global random state" if g is None else "a numpy.random.Generator" if isinstance(g, np.random.Generator)
+            else "a torch.Generator" for g in generators]
 
 
 def capture_generators(generators: list, with_global: bool = True) -> list:
@@ -394,9 +391,8 @@ class _StatefulIterMixin:
     def _replay(self, resumed: LoaderState) -> None:
         """Fetch again, and drop, the batches had after the snapshot the state was saved from."""
         self._num_yielded = resumed.num_yielded
-        for _ in range(resumed.replay):
-            if next(self, _END) is _END:
-                break
+        for _ in itertools.islice(self, resumed.replay):
+            pass
 
     def __next__(self):
         try:
@@ -422,7 +418,8 @@ class _StatefulSingleIter(_StatefulIterMixin):
         return resumed_fetcher(self._resumed and self._resumed.main, self._dataset, super()._create_fetcher)
 
     def _state_dict(self, loader) -> LoaderState:
-        main = capture_worker_state(None, self._dataset, getattr(self._dataset_fetcher, "ended", False))
+        fetcher = self._dataset_fetcher
+        main = capture_worker_state(None, self._dataset, getattr(fetcher, "ended", False), fetcher)
         return _loader_state(loader, self, tasks_done=self._num_yielded, main=main)
 
 
@@ -476,14 +473,13 @@ class _StatefulMultiIter(_StatefulIterMixin):
 
     def _get_data(self):
         r, idx, state = unship(super()._get_data(), "state")
-        data = r[1]
         if isinstance(idx, _ResumeIteration):
             if state is not None:  # a persistent worker's state as the new epoch starts
                 worker_id, worker_state = state
                 self._worker_states[worker_id] = worker_state
         elif idx in self._task_info:  # not a stale result of an earlier epoch
-            if isinstance(data, _IterableDatasetStopIteration):
-                self._ends[data.worker_id] = (idx, state)
+            if isinstance(r[1], _IterableDatasetStopIteration):
+                self._ends[r[1].worker_id] = (idx, state)
             else:
                 self._pending[self._task_info[idx][0]].append(state)
         return r
@@ -541,10 +537,8 @@ def loader_state_dict(loader) -> dict:
                            "resuming needs (the epoch's opening draws, each worker's random state after each batch)")
     if loader._resume_state is not None:  # loaded and not iterated yet: still the point to resume from
         return loader._resume_state.to_dict()
-    it = loader._last_iterator
-    if it is None or it._exhausted:  # between epochs: the next one starts from here
-        return _between_epochs(loader, it).to_dict()
-    return it._state_dict(loader).to_dict()
+    it = loader._last_iterator  # between epochs (None, or exhausted), the next one starts from here
+    return (_between_epochs(loader, it) if it is None or it._exhausted else it._state_dict(loader)).to_dict()
 
 
 def load_loader_state(loader, state: dict) -> None:

@@ -434,3 +434,56 @@ def test_a_saved_state_is_not_changed_by_later_batches():
     assert state == kept and later != state
     assert [len(w["dataset"]["seen"]) for w in state["workers"]] == [3, 3]
     assert [len(w["dataset"]["seen"]) for w in later["workers"]] == [5, 5]
+
+
+class CountingIterator:
+    """An iterator over 0..n-1 that holds the state itself (its dataset has none)."""
+
+    def __init__(self, n: int) -> None:
+        self.i, self.n = 0, n
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        if self.i >= self.n:
+            raise StopIteration
+        self.i += 1
+        return self.i - 1
+
+    def state_dict(self) -> dict:
+        return {"i": self.i}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.i = state["i"]
+
+
+class IteratorHoldsState(minidl.IterableDataset):
+    def __iter__(self):
+        return CountingIterator(10)
+
+
+class OwnIterator(minidl.IterableDataset, CountingIterator):
+    """A dataset that is its own iterator: iter() starts it over, so its state goes back after iter()."""
+
+    def __init__(self) -> None:
+        CountingIterator.__init__(self, 10)
+
+    def __iter__(self):
+        self.i = 0
+        return self
+
+
+@pytest.mark.parametrize("dataset_cls", [IteratorHoldsState, OwnIterator])
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_the_iterator_s_own_state_is_saved_and_loaded_after_iter(dataset_cls, num_workers):
+    # torchdata saves the state of the iterator iter(dataset) returns, and loads it after iter().
+    def make():
+        return minidl.DataLoader(dataset_cls(), batch_size=2, num_workers=num_workers, stateful=True, collate_fn=list)
+
+    loader = make()
+    it = iter(loader)
+    got = [next(it), next(it)]
+    state = json.loads(json.dumps(loader.state_dict()))
+    del it
+    assert flat(got) + flat(resume_from(make, state)) == list(range(10))
