@@ -412,10 +412,13 @@ class _StatefulSingleIter(_StatefulIterMixin):
             self._skip_consumed(resumed.tasks_done if resumed is not None else 0)
         if resumed is not None:
             restore_streams(resumed.main, None)  # after the replay, which sets the global generator back
+            if self._dataset_kind == _DatasetKind.Map and resumed.main.dataset is not None:  # it may set that one too
+                self._dataset.load_state_dict(resumed.main.dataset)
             self._replay(resumed)
 
-    def _create_fetcher(self):
-        return resumed_fetcher(self._resumed and self._resumed.main, self._dataset, super()._create_fetcher)
+    def _create_fetcher(self):  # an iterable dataset's state goes back before iter(dataset) reads it
+        main = self._resumed and self._resumed.main if self._dataset_kind == _DatasetKind.Iterable else None
+        return resumed_fetcher(main, self._dataset, super()._create_fetcher)
 
     def _state_dict(self, loader) -> LoaderState:
         fetcher = self._dataset_fetcher
@@ -549,8 +552,7 @@ def load_loader_state(loader, state: dict) -> None:
     resume = LoaderState.from_dict(state, loader)  # ValueError, naming the key, if it doesn't fit
     if loader._iterator is not None:  # persistent workers of an older epoch: start afresh
         loader._iterator._shutdown_workers()
-        loader._iterator = None
-    loader._last_iterator = None
+    loader._iterator = loader._last_iterator = None
     loader._resume_state = resume
 
 

@@ -487,3 +487,31 @@ def test_the_iterator_s_own_state_is_saved_and_loaded_after_iter(dataset_cls, nu
     state = json.loads(json.dumps(loader.state_dict()))
     del it
     assert flat(got) + flat(resume_from(make, state)) == list(range(10))
+
+
+class SavesTheGlobalGenerator(toy.RangeDataset):
+    """A map dataset whose state is torch's global generator (as torchdata's DummyMapDataset)."""
+
+    def state_dict(self) -> dict:
+        return {"g": torch.get_rng_state().tolist()}
+
+    def load_state_dict(self, state: dict) -> None:
+        torch.set_rng_state(torch.tensor(state["g"], dtype=torch.uint8))
+
+
+def test_a_map_dataset_s_state_goes_back_after_the_sampler_s_draws_are_replayed():
+    def make():
+        return minidl.DataLoader(SavesTheGlobalGenerator(30), shuffle=True, stateful=True, collate_fn=list)
+
+    torch.manual_seed(0)
+    full = flat(make())
+    torch.manual_seed(0)
+    loader = make()
+    got = []
+    for i, b in enumerate(loader):
+        got.append(b)
+        if i == 9:
+            break
+    state = loader.state_dict()
+    torch.manual_seed(0)
+    assert flat(got) + flat(resume_from(make, state)) == full
