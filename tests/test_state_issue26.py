@@ -515,3 +515,44 @@ def test_a_map_dataset_s_state_goes_back_after_the_sampler_s_draws_are_replayed(
     state = loader.state_dict()
     torch.manual_seed(0)
     assert flat(got) + flat(resume_from(make, state)) == full
+
+
+class CountsIterCalls(minidl.IterableDataset):
+    """Streams 0..19 (sharded by worker); its state counts how often iter() was called on this replica."""
+
+    def __init__(self) -> None:
+        self.iter_calls, self.position = 0, 0
+
+    def __iter__(self):
+        self.iter_calls += 1
+        info = minidl.get_worker_info()
+        shard = range(20) if info is None else range(info.id, 20, info.num_workers)
+        while self.position < len(shard):
+            self.position += 1
+            yield shard[self.position - 1]
+
+    def state_dict(self) -> dict:
+        return {"iter_calls": self.iter_calls, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iter_calls, self.position = state["iter_calls"], state["position"]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_iter_is_called_once_per_replica_also_when_resumed(num_workers):
+    # torchdata's TestSingleIterCalled reads its private keys; here each replica's state says how often it was iter()ed.
+    def make():
+        return minidl.DataLoader(CountsIterCalls(), batch_size=2, num_workers=num_workers, stateful=True)
+
+    def iter_calls(state):
+        return [w["dataset"]["iter_calls"] for w in (state["workers"] or [state["main"]])]
+
+    loader = make()
+    it = iter(loader)
+    [next(it) for _ in range(4)]
+    state = loader.state_dict()
+    assert iter_calls(state) == [1] * max(1, num_workers)
+    resumed = resume_from(make, state)
+    it = iter(resumed)
+    [next(it) for _ in range(2)]
+    assert iter_calls(resumed.state_dict()) == [2] * max(1, num_workers)  # the saved count, and this epoch's iter()
