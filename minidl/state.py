@@ -318,25 +318,23 @@ def generator_kinds(generators: list) -> list[str]:
             else "a torch.Generator" for g in generators]
 
 
-def capture_generators(generators: list, with_global: bool = True) -> list:
-    """The current state of each generator; the global one's only ``with_global`` (else None: draw as it stands)."""
-    return [rng_state(_global_generator() if g is None else g) if g is not None or with_global else None
-            for g in generators]
+def capture_generators(generators: list) -> list:
+    """The current state of each generator (``None``: the global one)."""
+    return [rng_state(_global_generator() if g is None else g) for g in generators]
 
 
 @contextmanager
-def replaying(generators: list, states: list):
-    """Run the block with ``generators`` set back to ``states`` (a None state: leave that one as it is).
+def replaying(generators: list, states: list, mid_epoch: bool):
+    """Run the block with ``generators`` set back to ``states``.
 
     Explicit generators belong to the loader, so they stay where the replayed draws leave them,
-    as in the run being resumed. The global generator is shared with the training loop: it is set
-    back afterwards, so resuming the loader doesn't disturb an RNG state the caller restored.
+    as in the run being resumed. So does the global one when the state was saved before the epoch's
+    first batch: only the loader drew from it since. Mid-epoch, the training loop drew from it too: it
+    is set back afterwards, so resuming the loader doesn't disturb the RNG state the caller restored.
     """
-    replays_global = any(g is None and state is not None for g, state in zip(generators, states, strict=True))
-    global_now = rng_state(_global_generator()) if replays_global else None
+    global_now = rng_state(_global_generator()) if None in generators and mid_epoch else None
     for g, state in zip(generators, states, strict=True):
-        if state is not None:
-            set_rng_state(_global_generator() if g is None else g, state)
+        set_rng_state(_global_generator() if g is None else g, state)
     try:
         yield
     finally:
@@ -407,7 +405,8 @@ class _StatefulSingleIter(_StatefulIterMixin):
 
     def __init__(self, loader) -> None:
         resumed = self._take_resume_state(loader)
-        with replaying(self._generators, self._generator_states) if resumed is not None else nullcontext():
+        with replaying(self._generators, self._generator_states, resumed.tasks_done > 0) if resumed is not None \
+                else nullcontext():
             super().__init__(loader)  # base_seed drawn again; the fetcher made on the saved dataset state
             self._skip_consumed(resumed.tasks_done if resumed is not None else 0)
         if resumed is not None:
@@ -433,7 +432,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
         resumed = self._take_resume_state(loader)
         self._every = loader.snapshot_every_n_steps or 0
         self._continue_from = resumed  # taken by the first _try_put_index
-        with replaying(self._generators, self._generator_states) if resumed is not None else nullcontext():
+        with replaying(self._generators, self._generator_states, resumed.tasks_done > 0) if resumed is not None \
+                else nullcontext():
             super().__init__(loader)  # starts the workers and sends the first tasks
         if resumed is not None:
             self._replay(resumed)
@@ -557,17 +557,16 @@ def load_loader_state(loader, state: dict) -> None:
 
 
 def _between_epochs(loader, it) -> LoaderState:
-    """The state that starts the next epoch. Its draws come from the loader's generators as they are now, and
-    from the global one as it stands then (the caller restores that one, as for any other draw it makes).
+    """The state that starts the next epoch: its draws come from the generators as they are now.
     Persistent workers carry on with their base_seed and their streams; with no workers, the dataset's state."""
-    generators = capture_generators(generators_of(loader), with_global=False)
+    generators = capture_generators(generators_of(loader))
     extra: dict = {}
     if it is not None and it is loader._iterator:  # persistent workers: they carry their streams on
         at = it._current()
         if at is None:  # a worker's last state is behind: resume at the last snapshot and replay to the end
             return dataclasses.replace(it._state_dict(loader), exhausted=True)
-        extra = dict(workers=[s and dataclasses.replace(s, ended=False) for s in at.workers], base_seed=it._base_seed,
-                     draws_base_seed=False)
+        extra = dict(workers=[s and dataclasses.replace(s, ended=False, iterator=None) for s in at.workers],
+                     base_seed=it._base_seed, draws_base_seed=False)  # the next epoch's iter() starts afresh
     elif loader.num_workers == 0:
         main = capture_worker_state(None, loader.dataset)
         extra = dict(main=dataclasses.replace(main, streams=None))  # the global streams are the caller's

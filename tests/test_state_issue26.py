@@ -556,3 +556,13 @@ def test_iter_is_called_once_per_replica_also_when_resumed(num_workers):
     it = iter(resumed)
     [next(it) for _ in range(2)]
     assert iter_calls(resumed.state_dict()) == [2] * max(1, num_workers)  # the saved count, and this epoch's iter()
+
+
+def test_between_epochs_a_persistent_worker_s_iterator_starts_afresh():
+    def make():
+        return minidl.DataLoader(IteratorHoldsState(), batch_size=2, num_workers=1, persistent_workers=True,
+                                 stateful=True, collate_fn=list)
+
+    loader = make()
+    list(loader)
+    assert flat(resume_from(make, loader.state_dict())) == list(range(10))
