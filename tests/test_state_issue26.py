@@ -487,6 +487,8 @@ def test_the_iterator_s_own_state_is_saved_and_loaded_after_iter(dataset_cls, nu
     state = json.loads(json.dumps(loader.state_dict()))
     del it
     assert flat(got) + flat(resume_from(make, state)) == list(range(10))
+    saved = (state["workers"] or [state["main"]])[0]
+    assert saved["iterator"] == {"i": 4} and saved["dataset"] is None  # stored once (torchdata's Duplication test)
 
 
 class SavesTheGlobalGenerator(toy.RangeDataset):
