@@ -364,8 +364,7 @@ class _StatefulIterMixin:
         self._resumed, loader._resume_state = loader._resume_state, None
         self._generators = generators_of(loader)
         # The generators' states before this epoch's first draw: saved as they are, or the saved ones to replay.
-        self._generator_states = capture_generators(self._generators) if self._resumed is None \
-            else self._resumed.generators
+        self._generator_states = self._resumed.generators if self._resumed else capture_generators(self._generators)
         self._epoch_draws_base_seed = True  # persistent workers' later epochs reuse the first base_seed
         self._exhausted = False  # state_dict() after the end of an epoch saves the start of the next
         loader._last_iterator = self  # a strong reference, as torchdata's: state_dict() after a `break` needs it
@@ -400,19 +399,26 @@ class _StatefulIterMixin:
             raise
 
 
+def _load_map_dataset(loader, resumed: LoaderState) -> None:
+    if loader._dataset_kind == _DatasetKind.Map and resumed.main is not None and resumed.main.dataset is not None:
+        loader.dataset.load_state_dict(resumed.main.dataset)
+
+
 class _StatefulSingleIter(_StatefulIterMixin):
     """``num_workers=0``, resumable: the main process's streams and dataset are saved with the counters."""
 
     def __init__(self, loader) -> None:
         resumed = self._take_resume_state(loader)
-        with replaying(self._generators, self._generator_states, resumed.tasks_done > 0) if resumed is not None \
-                else nullcontext():
+        mid_epoch = resumed is not None and resumed.tasks_done > 0
+        with replaying(self._generators, self._generator_states, mid_epoch) if resumed is not None else nullcontext():
+            if resumed is not None and not mid_epoch:  # a map dataset's state goes back where it was saved:
+                _load_map_dataset(loader, resumed)  # before the epoch's draws (it may set the global generator)...
             super().__init__(loader)  # base_seed drawn again; the fetcher made on the saved dataset state
             self._skip_consumed(resumed.tasks_done if resumed is not None else 0)
         if resumed is not None:
             restore_streams(resumed.main, None)  # after the replay, which sets the global generator back
-            if self._dataset_kind == _DatasetKind.Map and resumed.main.dataset is not None:  # it may set that one too
-                self._dataset.load_state_dict(resumed.main.dataset)
+            if mid_epoch:  # ...or after them
+                _load_map_dataset(loader, resumed)
             self._replay(resumed)
 
     def _create_fetcher(self):  # an iterable dataset's state goes back before iter(dataset) reads it
@@ -432,15 +438,13 @@ class _StatefulMultiIter(_StatefulIterMixin):
         resumed = self._take_resume_state(loader)
         self._every = loader.snapshot_every_n_steps or 0
         self._continue_from = resumed  # taken by the first _try_put_index
-        with replaying(self._generators, self._generator_states, resumed.tasks_done > 0) if resumed is not None \
-                else nullcontext():
+        with replaying(self._generators, self._generator_states, resumed.tasks_done > 0) if resumed else nullcontext():
             super().__init__(loader)  # starts the workers and sends the first tasks
         if resumed is not None:
             self._replay(resumed)
             self._snapshot = self._current() or self._snapshot
             if resumed.exhausted:  # saved between epochs at a snapshot: finish that epoch, then start the next
-                while next(self, _END) is not _END:
-                    pass
+                deque(self, maxlen=0)  # runs the iterator to its end
                 self._reset(loader)
 
     def _worker_options(self, worker_id: int):
@@ -478,8 +482,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
         r, idx, state = unship(super()._get_data(), "state")
         if isinstance(idx, _ResumeIteration):
             if state is not None:  # a persistent worker's state as the new epoch starts
-                worker_id, worker_state = state
-                self._worker_states[worker_id] = worker_state
+                self._worker_states[state[0]] = state[1]  # (worker id, its state)
         elif idx in self._task_info:  # not a stale result of an earlier epoch
             if isinstance(r[1], _IterableDatasetStopIteration):
                 self._ends[r[1].worker_id] = (idx, state)

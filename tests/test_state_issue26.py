@@ -568,3 +568,18 @@ def test_between_epochs_a_persistent_worker_s_iterator_starts_afresh():
     loader = make()
     list(loader)
     assert flat(resume_from(make, loader.state_dict())) == list(range(10))
+
+
+def test_between_epochs_a_map_dataset_s_state_goes_back_before_the_next_epoch_s_draws():
+    # torchdata's TestMultiEpochSDL: its dataset's state is the global generator, which the next epoch draws from.
+    def make():
+        return minidl.DataLoader(SavesTheGlobalGenerator(12), shuffle=True, stateful=True, collate_fn=list)
+
+    torch.manual_seed(0)
+    uninterrupted = make()
+    full = [flat(uninterrupted) for _ in range(4)]
+    torch.manual_seed(0)
+    loader = make()
+    first = [flat(loader) for _ in range(2)]
+    resumed = resume_from(make, loader.state_dict())
+    assert first + [flat(resumed) for _ in range(2)] == full
