@@ -188,13 +188,15 @@ def test_a_custom_batch_sampler_s_own_generator_is_saved(num_workers):
 @pytest.mark.parametrize("worker_method", ["multiprocessing", "thread"])
 def test_state_dict_never_waits_on_a_slow_worker_nor_takes_a_late_answer(worker_method):
     # Before: state_dict() asked the workers and waited up to `timeout`; a late answer was taken by the next call.
-    dataset = toy.SlowOnceDataset(12, slow_index=4, delay=2.0)
+    dataset = toy.SlowOnceDataset(12, slow_index=4, delay=4.0)
+    # fork: a spawned worker's start (importing torch) may take longer than the timeout on a busy machine
+    context = "fork" if worker_method == "multiprocessing" else None
 
     def make(timeout=0.0):
         return minidl.DataLoader(dataset, batch_size=1, num_workers=2, timeout=timeout, stateful=True,
-                                 worker_method=worker_method, collate_fn=list)
+                                 worker_method=worker_method, collate_fn=list, multiprocessing_context=context)
 
-    loader = make(timeout=1.0)
+    loader = make(timeout=3.0)
     it = iter(loader)
     got = [next(it) for _ in range(3)]
     first = loader.state_dict()  # worker 0 is busy in item 4's slow __getitem__ here
