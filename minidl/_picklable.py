@@ -140,10 +140,10 @@ class _MainModuleSpotter(ForkingPickler):
     found = None
 
     def persistent_id(self, obj):
-        if self.found is None:
-            owner = obj if isinstance(obj, type | types.FunctionType) else type(obj)
-            if getattr(owner, "__module__", None) == "__main__":
-                self.found = owner
+        # A class or function is pickled by name; an instance only through what its __reduce__ returns, which
+        # names its class unless it pickles by value (then the worker never imports it, and torch accepts it).
+        if self.found is None and isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
+            self.found = obj
         return None  # never replace anything: this pass only looks
 
 

@@ -4,7 +4,8 @@ Mirrors ``torch/utils/data/dataloader.py``. The single-process iterator is the w
 fetch, collate (and pin); the multi-worker iterator adds queues, a reorder buffer and a shutdown
 protocol (see the NOTE below). Workers are processes by default, or threads with
 ``worker_method="thread"``. minidl's optional layers, tracing (minidl/trace.py) and resume
-(minidl/state.py), are iterator subclasses chosen in ``DataLoader._get_iterator``.
+(minidl/state.py), are iterator subclasses put on top in ``DataLoader._get_iterator``, each from one
+marked block of ``DataLoader``: delete the block and the file, and the loader runs without that layer.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class DataLoader(Generic[_T_co]):
         worker_method: str = "multiprocessing",
         trace: bool | Any = False,  # or a minidl.trace.Trace to record into
         stateful: bool = False,
+        snapshot_every_n_steps: int | None = 1,  # stateful=True: how often workers ship their state (torchdata's)
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -111,8 +113,8 @@ class DataLoader(Generic[_T_co]):
             raise ValueError("timeout option should be non-negative")
         if num_workers == 0 and prefetch_factor is not None:
             raise ValueError(
-                "prefetch_factor option could only be specified in multiprocessing. Let num_workers > 0 "
-                "to enable multiprocessing, otherwise set prefetch_factor to None."
+                "prefetch_factor option could only be specified in multiprocessing."  # torch's words, to the letter
+                "let num_workers > 0 to enable multiprocessing, otherwise set prefetch_factor to None."
             )
         if num_workers > 0 and prefetch_factor is None:
             prefetch_factor = 2
@@ -120,6 +122,10 @@ class DataLoader(Generic[_T_co]):
             raise ValueError("prefetch_factor option should be non-negative")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
+        if snapshot_every_n_steps is not None and (not isinstance(snapshot_every_n_steps, int)
+                                                   or snapshot_every_n_steps < 0):
+            raise ValueError("snapshot_every_n_steps option should be a non-negative integer or None, but got "
+                             f"snapshot_every_n_steps={snapshot_every_n_steps!r}")
         if worker_method not in WORKER_METHODS:
             raise ValueError(
                 f"worker_method should be one of {WORKER_METHODS}, but got worker_method={worker_method!r}"
@@ -197,22 +203,18 @@ class DataLoader(Generic[_T_co]):
         if self.trace is not None:
             self.trace.num_workers, self.trace.worker_method, self.trace.in_order = num_workers, worker_method, in_order
         self.stateful = stateful
+        self.snapshot_every_n_steps = snapshot_every_n_steps
         self._IterableDataset_len_called = None  # len(self) as reported, to warn on overrun
         self._iterator = None  # kept between epochs only with persistent_workers
-        self._last_iterator = None  # stateful=True: a weak reference to the newest iterator, for state_dict()
+        self._last_iterator = None  # stateful=True: the newest iterator (held, as torchdata does), for state_dict()
         self._resume_state = None  # stateful=True: set by load_state_dict(), taken by the next iterator
         self.__initialized = True
         self.check_worker_number_rationality()
 
     def _get_iterator(self) -> _BaseDataLoaderIter:
         single, multi = _SingleProcessDataLoaderIter, _MultiProcessingDataLoaderIter
-        if self.trace is not None:  # minidl's tracing layer: the same iterators, each step recorded
-            from minidl.trace import _TracedMultiProcessingDataLoaderIter as multi
-            from minidl.trace import _TracedSingleProcessDataLoaderIter as single
-        if self.stateful:  # minidl's resume layer, on top of tracing when both are on
-            from minidl.state import stateful_iterator
-
-            single, multi = stateful_iterator(single), stateful_iterator(multi)
+        for layer in self._layers:  # minidl's optional layers: see the marked blocks at the end of this class
+            single, multi = layer(self, single, multi)
         if self.num_workers == 0:
             return single(self)
         self.check_worker_number_rationality()
@@ -298,6 +300,29 @@ class DataLoader(Generic[_T_co]):
                 stacklevel=2,
             )
 
+    # minidl's optional layers. Each is an iterator subclass put on top of the loader's own in _get_iterator (its
+    # worker side rides in _WorkerOptions.layers and ships what it records with each batch). Delete a layer's
+    # block and its file, and the loader runs without it.
+    _layers: tuple = ()  # functions (loader, single, multi) -> the iterator classes to use, in order
+
+    # >>> layer: tracing (minidl/trace.py)
+    def _tracing_layer(self, single, multi):
+        if self.trace is None:
+            return single, multi
+        from minidl.trace import _TracedMultiProcessingDataLoaderIter, _TracedSingleProcessDataLoaderIter
+
+        return _TracedSingleProcessDataLoaderIter, _TracedMultiProcessingDataLoaderIter
+
+    _layers += (_tracing_layer,)
+    # <<< layer: tracing
+
+    # >>> layer: resume (minidl/state.py), on top of tracing when both are on
+    def _resume_layer(self, single, multi):
+        if not self.stateful:
+            return single, multi
+        from minidl.state import stateful_iterator
+
+        return stateful_iterator(single), stateful_iterator(multi)
 
     def state_dict(self) -> dict:
         """Where this loader stands, mid-epoch or between epochs; ``load_state_dict`` resumes right there.
@@ -314,6 +339,9 @@ class DataLoader(Generic[_T_co]):
         from minidl.state import load_loader_state
 
         load_loader_state(self, state)
+
+    _layers += (_resume_layer,)
+    # <<< layer: resume
 
 def _mp_module():
     """torch.multiprocessing when torch is installed (tensors then travel in shared memory)."""
@@ -470,7 +498,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     [pin_memory_thread: worker_result_queue -> pin -> data_queue, when pinning]
     #
     # Bookkeeping: task k is sent with _send_idx == k; _task_info[k] is (worker,) while in flight
-    # and (worker, batch) once it arrived (_receive() files every arrival there, in turn or early);
+    # and (worker, batch) once it arrived early (in turn, it is handed back at once);
     # _rcvd_idx is the next task to hand back. At most prefetch_factor * num_workers tasks are in
     # flight; each batch handed back frees one slot.
     #
@@ -693,36 +721,30 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             if len(self._task_info[self._rcvd_idx]) == 2:
                 worker_id, data = self._task_info.pop(self._rcvd_idx)
                 self._rcvd_idx += 1
-                return self._process_data(data, worker_id, self._rcvd_idx - 1)
+                return self._process_data(data, worker_id)
 
             if self._shutdown or self._tasks_outstanding <= 0:  # torch's check and words
                 raise AssertionError("Invalid iterator state: shutdown or no outstanding tasks when fetching next data")
-            idx, data = self._receive()
-            if not self._in_order and idx != self._rcvd_idx and len(self._task_info.get(idx, ())) == 2:
-                worker_id, data = self._task_info.pop(idx)  # out of order: hand it back at once
-                return self._process_data(data, worker_id, idx)
+            idx, data = self._get_data()
+            self._tasks_outstanding -= 1
+            if self._dataset_kind == _DatasetKind.Iterable and isinstance(data, _IterableDatasetStopIteration):
+                # This replica is exhausted: stop sending it work (but keep persistent ones).
+                if self._persistent_workers:
+                    self._workers_status[data.worker_id] = False
+                else:
+                    self._mark_worker_as_unavailable(data.worker_id)
+                self._try_put_index()
+                continue
 
-    def _receive(self):
-        """Take one message off the data queue and file it: torch's ``_next_data`` does this inline.
-
-        A batch goes into ``_task_info`` beside its worker; an exhausted replica's worker stops
-        getting tasks. A message that answers no task (a layer's own, see minidl/state.py) is
-        returned untouched, so a layer waiting for one still files the batches arriving meanwhile.
-        """
-        idx, data = self._get_data()
-        if not isinstance(idx, int):
-            return idx, data
-        self._tasks_outstanding -= 1
-        if isinstance(data, _IterableDatasetStopIteration):
-            # This replica is exhausted: stop sending it work (but keep persistent ones).
-            if self._persistent_workers:
-                self._workers_status[data.worker_id] = False
+            if idx != self._rcvd_idx:
+                if not self._in_order:  # out of order: hand it back at once
+                    worker_id = self._task_info.pop(idx)[0]
+                    return self._process_data(data, worker_id)
+                self._task_info[idx] += (data,)  # early: keep it in the reorder buffer
             else:
-                self._mark_worker_as_unavailable(data.worker_id)
-            self._try_put_index()
-        else:
-            self._task_info[idx] += (data,)
-        return idx, data
+                worker_id = self._task_info.pop(idx)[0]
+                self._rcvd_idx += 1
+                return self._process_data(data, worker_id)
 
     def _try_put_index(self) -> None:
         """Send the next batch of indices to the next active worker, round-robin."""
@@ -751,7 +773,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._tasks_outstanding += 1
         self._send_idx += 1
 
-    def _process_data(self, data, worker_id: int, idx: int):
+    def _process_data(self, data, worker_id: int):
         self._workers_num_tasks[worker_id] -= 1
         self._try_put_index()  # a slot freed: keep the pipeline full
         if isinstance(data, ExceptionWrapper):

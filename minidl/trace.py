@@ -23,13 +23,14 @@ import statistics
 import sys
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 
 from minidl._utils import ExceptionWrapper, now
 from minidl.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetcher
+from minidl.worker import _IterableDatasetStopIteration, ship, unship
 
 # The steps of a batch's life, in the order they happen. Spans have a duration; the others are
 # instants (start == end).
@@ -203,17 +204,17 @@ class _TracedResultQueue:
         self.queue, self.recorder, self.pickles = queue, recorder, pickles
 
     def put(self, r) -> None:
-        idx, data = r
-        if isinstance(idx, int):  # a batch: acks and other control answers travel as they are
+        idx = r[0][0] if isinstance(r[0], tuple) else r[0]  # another layer may have shipped its own with it
+        if isinstance(idx, int):  # a batch: acks travel as they are
             if self.pickles:
                 with self.recorder.span("pickle", idx):
                     try:
-                        data = _Pickled(data)
+                        r = (r[0], _Pickled(r[1]))
                     except Exception:  # raised in the main process, as a failing sample's error is
-                        data = ExceptionWrapper(where=f"in DataLoader worker process {self.recorder.lane[7:]}, "
-                                                      f"pickling batch {idx} for the main process")
+                        r = (r[0], ExceptionWrapper(where=f"in DataLoader worker process {self.recorder.lane[7:]}, "
+                                                          f"pickling batch {idx} for the main process"))
             self.recorder.instant("put", idx)
-            r = (idx, data, self.recorder.take())
+            r = ship(r, "trace", self.recorder.take())
         self.queue.put(r)
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
@@ -224,7 +225,7 @@ class _TracedWorker:
     """The worker side of tracing, handed to each worker in ``_WorkerOptions.layers``.
 
     In the worker it makes a recorder, traced queues that note each task and ship its events with
-    the batch (a third element the traced iterator's ``_get_data`` takes off), and a traced fetcher.
+    the batch (``worker.ship``; the traced iterator's ``_get_data`` takes them off), and a traced fetcher.
     """
 
     def __init__(self, pickles: bool = False) -> None:
@@ -243,17 +244,16 @@ class _TracedWorker:
 
 
 class _TracedPinInQueue:
-    """The pin thread's input: takes a traced batch's events off (the pin loop sees ``(idx, data)``), notes the time."""
+    """The pin thread's input: notes when a traced batch comes in (its events ride on with it, see ``worker.ship``)."""
 
     def __init__(self, queue, recorder: Recorder) -> None:
         self.queue, self.recorder = queue, recorder
 
     def get(self, timeout=None):
         r = self.queue.get(timeout=timeout)
-        if len(r) == 3:  # (idx, batch, its events so far)
-            self.recorder.batch = (r[0], now(), r[2])
-            return r[:2]
-        self.recorder.batch = None
+        idx = r[0]
+        # A batch's events ride in its idx slot (worker.ship), which the pin loop passes on untouched.
+        self.recorder.batch = (idx[0], now(), idx[1]) if isinstance(idx, tuple) and "trace" in idx[1] else None
         return r
 
 
@@ -265,11 +265,10 @@ class _TracedPinOutQueue:
 
     def put(self, r, timeout=None) -> None:
         if self.recorder.batch is not None:  # the out queue is unbounded: each put succeeds at once
-            batch, start, events = self.recorder.batch
+            batch, start, extras = self.recorder.batch
             self.recorder.batch = None
             self.recorder.add("pin", batch, start, now())
-            events.extend(self.recorder.take())
-            r = (*r, events)
+            extras["trace"].extend(self.recorder.take())
         self.queue.put(r, timeout=timeout)
 
 
@@ -339,18 +338,27 @@ class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDat
         if self._send_idx > sent:
             self._recorder.add("send", sent, start, worker=self._task_info[sent][0])
 
+    def _reset(self, loader, first_iter: bool = False) -> None:
+        self._received = [deque() for _ in range(self._num_workers)]  # per worker: batches received, not handed out
+        super()._reset(loader, first_iter)
+        for received in self._received:  # a persistent worker's stale results of the last epoch were dropped
+            received.clear()
+
     def _get_data(self):
         waited_since = now()
-        idx, data, *events = super()._get_data()
+        r, idx, events = unship(super()._get_data(), "trace")
+        data = r[1]
         if events:
-            self._trace.extend(events[0])
+            self._trace.extend(events)
         if isinstance(idx, int):
             self._recorder.instant("receive", idx, waited_since=waited_since)
-        return idx, data
+            if idx in self._task_info and not isinstance(data, _IterableDatasetStopIteration):
+                self._received[self._task_info[idx][0]].append(idx)
+        return r
 
-    def _process_data(self, data, worker_id: int, idx: int):
-        self._trace_batch = idx
-        return super()._process_data(data, worker_id, idx)
+    def _process_data(self, data, worker_id: int):
+        self._trace_batch = self._received[worker_id].popleft()  # a worker's batches go out in the order it sent them
+        return super()._process_data(data, worker_id)
 
 
 def _reorder_events(events: list[dict]) -> list[dict]:

@@ -226,10 +226,34 @@ class _WorkerOptions:
     that chose them: each is called in the worker as ``layer(worker_id, index_queue, data_queue,
     create_fetcher)`` and returns the three to use instead (wrapped queues, a fetcher factory). They
     must be picklable (module-level classes) for spawn; the worker loop itself never names them.
+    What a layer records travels with the worker's message (``ship``) and is taken off in the main
+    process by that layer's ``_get_data`` (``unship``).
     """
 
     worker_method: str = "multiprocessing"  # or "thread"
     layers: tuple = ()
+
+
+def ship(r: tuple, key: str, value) -> tuple:
+    """A layer's worker side sends ``value`` with the message ``r`` = ``(idx, data)``.
+
+    It rides in the idx slot, as ``(idx, {layer: value, ...})``: the pin-memory thread passes idx on
+    untouched, and a message no layer added to stays torch's ``(idx, data)``.
+    """
+    idx, data = r
+    idx, extras = idx if isinstance(idx, tuple) else (idx, {})
+    extras[key] = value
+    return (idx, extras), data
+
+
+def unship(r: tuple, key: str) -> tuple:
+    """In the main process: ``(r without this layer's value, idx, the value or None)``."""
+    idx, data = r
+    if not isinstance(idx, tuple):
+        return r, idx, None
+    idx, extras = idx
+    value = extras.pop(key, None)
+    return ((idx, extras) if extras else idx, data), idx, value
 
 
 def _worker_loop(

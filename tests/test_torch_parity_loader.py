@@ -165,7 +165,7 @@ def test_dataloader_is_subscriptable_as_in_torch():
 # --- the rest of the loader's public surface ----------------------------------------------------
 
 
-def test_dataloader_signature_is_torchs_plus_three_documented_additions():
+def test_dataloader_signature_is_torchs_plus_four_documented_additions():
     import inspect
 
     ours = inspect.signature(minidl.DataLoader.__init__).parameters
@@ -173,8 +173,10 @@ def test_dataloader_signature_is_torchs_plus_three_documented_additions():
     assert list(ours)[: len(theirs)] == list(theirs)
     for name, p in theirs.items():
         assert (ours[name].kind, ours[name].default) == (p.kind, p.default), name
-    assert list(ours)[len(theirs):] == ["worker_method", "trace", "stateful"]  # minidl's, keyword-only, off
-    assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in ("worker_method", "trace", "stateful"))
+    added = ["worker_method", "trace", "stateful", "snapshot_every_n_steps"]  # minidl's, keyword-only
+    assert list(ours)[len(theirs):] == added
+    assert all(ours[n].kind is inspect.Parameter.KEYWORD_ONLY for n in added)
+    assert ours["snapshot_every_n_steps"].default == 1  # torchdata's StatefulDataLoader's name and default
     assert inspect.signature(minidl.get_worker_info).parameters == inspect.signature(tud.get_worker_info).parameters
 
 
