@@ -10,6 +10,10 @@ from loadertools import alive_children, worker_threads
 
 from minidl.course import osfacts
 
+# Two modules named sitecustomize (the start-method runs' and the Mac stand-in's) are loaded by Python at start-up,
+# not tests: collecting both for doctests (`make unit`) would import one under the other's name.
+collect_ignore = ["start_method/sitecustomize.py", "mac_standin/sitecustomize.py"]
+
 
 def wait_until_clean(timeout: float = 5.0) -> tuple[list, list]:
     """Wait up to ``timeout`` s for worker processes and threads to go; return what is left."""
