@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from minidl.bench.harness import Session, Timing, missing
+from minidl.bench.machine import core_count
 
 try:  # numba.prange is plain range in Python; under Numba's parallel=True its iterations go to threads
     from numba import prange
@@ -176,7 +177,9 @@ class Sizes:
 FULL = Sizes(images=128, samples=64, latency=LATENCY_S,
              crossover_iterations=(10, 30, 100, 300, 1_000, 3_000, 10_000, 30_000, 100_000))
 QUICK = Sizes(images=8, samples=16, latency=0.001, crossover_iterations=(10, 1_000, 30_000), crossover_tasks=8)
-CPU_WORKERS = (2, 4)  # this project's reference machine has 2 cores; 4 shows oversubscription
+# One process per core (at least two, so a one-core machine shows there is nothing to share), then twice as many:
+# oversubscription. The reference run (Intel Xeon, 2 cores) has 2 and 4.
+CPU_WORKERS = (max(2, core_count()), 2 * max(2, core_count()))
 IO_THREADS = (2, 4, 16)  # waiting needs no core, so I/O threads scale past the core count
 REQUIRES: tuple[str, ...] = ()  # NumPy only; Numba and matplotlib rows are skipped when missing
 

@@ -31,7 +31,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 from minidl.bench import workloads
 from minidl.bench.batches import check_first_batches, first_batches, same_batch  # noqa: F401 (notebook 10 uses them)
 from minidl.bench.harness import Session, Timing, median_ci, missing
-from minidl.bench.machine import core_count, machine_info
+from minidl.bench.machine import core_count, machine_info, worker_sweep
 
 REQUIRES = ("torch", "psutil", "PIL")
 BACKENDS = ("torch", "minidl process", "minidl thread")
@@ -68,7 +68,8 @@ class Sizes:
     io: int
     io_latency: float
     repeats: int
-    workers: tuple[int, ...] = (0, 1, 2, 4)  # the reference machine has 2 cores: 4 shows oversubscription
+    # 0, then up to past this machine's core count (worker_sweep: 0-4 on 2 cores, 0-12 on 8): oversubscription shows
+    workers: tuple[int, ...] = field(default_factory=worker_sweep)
     # Reading a process's USS walks its page tables under its mmap lock (~1 ms each), which stalls
     # process workers mapping shared memory: every 0.05 s slowed them ~10% here, every 0.2 s 1-2%.
     memory_interval: float = 0.2
