@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 SHM = "/dev/shm"  # where Linux keeps POSIX shared memory, as files
 LINUX_ONLY = "Linux only"  # how a lesson that only Linux can show begins its first line
-RECORDED = "committed Linux result (reference machine)"  # the label on a result this platform couldn't measure
+RECORDED = "committed Linux run"  # the label on a result this platform couldn't measure
 
 
 @dataclass(frozen=True)
@@ -315,28 +315,24 @@ def pss_bytes(pid: int | None = None) -> int | None:
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    try:
-        import psutil
-
-        info = psutil.Process(pid).memory_full_info()
-    except (ImportError, OSError):
-        return None
-    except psutil.Error:
-        return None
-    return getattr(info, "pss", None)
+    return getattr(_memory_full_info(pid), "pss", None)
 
 
 def uss_bytes(pid: int | None = None) -> int | None:
     """Process ``pid``'s (default: this one's) unique set size, its private pages (psutil); None where unavailable."""
+    return getattr(_memory_full_info(pid), "uss", None)
+
+
+def _memory_full_info(pid: int | None):
+    """psutil's ``memory_full_info()`` of process ``pid`` (default: this one), or None (no psutil, no such process)."""
     try:
         import psutil
 
-        info = psutil.Process(pid).memory_full_info()
+        return psutil.Process(pid).memory_full_info()
     except (ImportError, OSError):
         return None
     except psutil.Error:
         return None
-    return getattr(info, "uss", None)
 
 
 def pids_named(prefix: str) -> list[int] | None:

@@ -235,7 +235,7 @@ def namespace_prefix() -> tuple[str, ...] | None:
 
 
 def run_in_namespace(args: list[str], recorded: dict, timeout: float = 120.0, prefix=namespace_prefix) -> dict:
-    """``run_child(args)`` in a private namespace; where that cannot run, ``recorded`` (a run on the reference machine).
+    """``run_child(args)`` in a private namespace; where that cannot run, ``recorded`` (a committed Linux run).
 
     Returns ``{"source": "measured" or "recorded", "why": ..., "result": ...}``: a learner's machine without
     namespaces (macOS, most containers, a kernel that forbids user namespaces) still sees the real text,
@@ -266,7 +266,7 @@ def error_summary(error: str | None) -> list[str]:
     return lines[:1] + (["  ..."] if last > 1 else []) + lines[max(last, 1):]
 
 
-# Recorded on the reference machine (2 cores, Python 3.11.7, torch 2.13.0+cpu, Linux), 2026-11-25, by
+# Recorded on Linux (2 cores, Python 3.11.7, torch 2.13.0+cpu, Linux), 2026-11-25, by
 # ``run_in_namespace(["shm_full", "4"], ...)``; errors shortened with ``error_summary``.
 SHM_FULL_RECORDED = {
     "size_mib": 4,
@@ -288,7 +288,7 @@ def shm_full(size_mib: int = 4, timeout: float = 120.0, prefix=namespace_prefix)
     """torch's and minidl's loaders (and ``multiprocessing.shared_memory``) with a ``size_mib`` MiB /dev/shm.
 
     Runs ``pitfall_run.shm_full`` in a private namespace, where a small ``tmpfs`` hides the real /dev/shm;
-    where there is none, returns the run recorded on the reference machine, labelled ``"recorded"``.
+    where there is none, returns the committed Linux run, labelled ``"recorded"``.
     """
     return run_in_namespace(["shm_full", str(size_mib)], SHM_FULL_RECORDED, timeout, prefix)
 
@@ -305,7 +305,7 @@ def file_system_leftovers(timeout: float = 120.0, prefix=namespace_prefix) -> di
     """Under ``file_system``, what a killed process leaves in /dev/shm: with its ``torch_shm_manager``, and without.
 
     Runs ``pitfall_run.file_system_leftovers`` in a private namespace (its own /dev/shm and pids, so the
-    managers it kills are its own); where there is none, the run recorded on the reference machine.
+    managers it kills are its own); where there is none, the committed Linux run.
     """
     return run_in_namespace(["file_system_leftovers"], LEFTOVERS_RECORDED, timeout, prefix)
 
@@ -473,7 +473,7 @@ def shard_in_worker_init(worker_id: int) -> None:
 
 
 # --- what a platform without /proc, PSS or file_descriptor shows instead ---------------------------------
-# Runs recorded on the reference machine (2 cores, AMD EPYC, Python 3.11.7, torch 2.13.0+cpu, Linux), 2026-11-26, by
+# Runs recorded on Linux (AMD EPYC, 2 cores; Python 3.11.7, torch 2.13.0+cpu, Linux), 2026-11-26, by
 # the code named with each; a notebook shows them, labelled, where ``osfacts`` says the fact is missing.
 
 # ``worker_memory_over_epoch(cls(file_names(1_000_000)), num_workers=2, batch_size=512)``, MiB.
@@ -517,7 +517,7 @@ def open_files_run(strategy: str, nofile: int = 128, timeout: float = 120.0) -> 
     """``pitfall_run.open_files`` in a child, under torch's sharing ``strategy`` and ``ulimit -n nofile``.
 
     Returns ``{"source": "measured" or "recorded", "why": ..., "result": {library: {"kept", "error"}}}``: where
-    torch does not offer ``strategy`` here (a Mac has only ``file_system``), the reference machine's run.
+    torch does not offer ``strategy`` here (a Mac has only ``file_system``), the committed Linux run.
     """
     fact = osfacts.sharing_strategy(strategy)
     if not fact:
