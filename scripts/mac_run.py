@@ -91,7 +91,8 @@ def main() -> int:
             if problems:
                 failures[rel] = problems
     left_out = ", ".join(r for r in SKIPPED if r not in rels) or "none"
-    why = "only the notebooks named ran" if args.notebooks else f"left out, starting no process, asking nothing: {left_out}"
+    why = ("only the notebooks named ran" if args.notebooks
+           else f"left out as starting no process and asking nothing: {left_out}")
     print(f"Mac stand-in: {len(rels) - len(failures)} passed, {len(failures)} failed, {len(every) - len(rels)} not "
           f"run ({why}), {time.monotonic() - start:.0f} s")
     return 1 if failures else 0
