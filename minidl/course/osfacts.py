@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 SHM = "/dev/shm"  # where Linux keeps POSIX shared memory, as files
 LINUX_ONLY = "Linux only"  # how a lesson that only Linux can show begins its first line
-RECORDED = "committed Linux run"  # the label on a result this platform couldn't measure
+RECORDED = "committed Linux result"  # the label on a result this platform couldn't measure
 
 
 @dataclass(frozen=True)
