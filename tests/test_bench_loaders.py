@@ -169,3 +169,18 @@ def test_peak_memory_sees_this_process():
     with PeakMemory(interval=0.01) as memory:
         block = np.ones(32 * 2**20 // 8)  # 32 MiB, touched: private to this process
     assert memory.uss >= block.nbytes and memory.pss >= memory.uss
+
+
+def test_peak_memory_without_pss_records_nan_not_zero(monkeypatch):
+    # A Mac: psutil's memory_full_info() has uss but no pss. The sampler must not raise, nor record 0 MiB.
+    psutil = pytest.importorskip("psutil")
+    import collections
+    import math
+
+    from minidl.bench.loaders import PeakMemory
+
+    no_pss = collections.namedtuple("pfullmem", "rss vms uss")
+    monkeypatch.setattr(psutil.Process, "memory_full_info", lambda self: no_pss(1, 2, 3 * 2**20))
+    sampler = PeakMemory(interval=1.0)
+    sampler.sample()
+    assert sampler.uss >= 3 * 2**20 and math.isnan(sampler.pss)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import math
 import resource
 import statistics
 import threading
@@ -136,8 +137,10 @@ class PeakMemory:
                 info = p.memory_full_info()
             except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
                 continue  # a worker that exited between listing and reading
-            uss, pss = uss + info.uss, pss + info.pss
-        self.uss, self.pss = max(self.uss, uss), max(self.pss, pss)
+            # psutil gives PSS on Linux only: elsewhere (a Mac) the peak PSS is NaN, "not measured", never 0
+            uss, pss = uss + info.uss, pss + getattr(info, "pss", math.nan)
+        self.uss = max(self.uss, uss)
+        self.pss = math.nan if math.isnan(pss) else max(self.pss, pss)  # max(nan, x) keeps the nan
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
