@@ -87,6 +87,16 @@ def images_in(cell: dict) -> bool:
     return any("image/png" in out.get("data", {}) for out in cell.get("outputs", []))
 
 
+def report(rel: str, problems: list[str], seconds: float, failures: dict[str, list[str]]) -> None:
+    """Print one notebook's verdict line and its problems; file them in ``failures`` (``make mac`` prints the same)."""
+    verdict = "ok" if not problems else f"FAILED ({len(problems)})"
+    print(f"{rel:60s} {verdict:12s} {seconds:6.1f} s", flush=True)
+    for problem in problems:
+        print(f"    {problem}", flush=True)
+    if problems:
+        failures[rel] = problems
+
+
 def judge(committed: dict, ran: dict) -> list[str]:
     """What is wrong with the notebook as the browser ran and saved it, cell by cell."""
     problems = []
@@ -188,12 +198,7 @@ def main() -> int:
                     for rel in rels:
                         start = time.monotonic()
                         problems = run_notebook(context, f"http://127.0.0.1:{port}", token, folder, rel, shots)
-                        verdict = "ok" if not problems else f"FAILED ({len(problems)})"
-                        print(f"{rel:60s} {verdict:12s} {time.monotonic() - start:6.1f} s", flush=True)
-                        for problem in problems:
-                            print(f"    {problem}", flush=True)
-                        if problems:
-                            failures[rel] = problems
+                        report(rel, problems, time.monotonic() - start, failures)
                     browser.close()
             finally:
                 stop_lab(server)

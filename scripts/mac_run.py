@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "mac_standin"
 sys.path.insert(0, str(ROOT / "scripts"))
-from browser_run import judge  # noqa: E402  (the browser run's verdict, cell by cell)
+from browser_run import judge, report  # noqa: E402  (the browser run's verdict, cell by cell, and its report)
 
 # No process worker, no multiprocessing, no /proc, /dev/shm, psutil, sharing strategy or core count in these:
 # threads, samplers, collate and CUDA streams (checked with `grep`, see tests/test_mac_standin.py).
@@ -84,12 +84,7 @@ def main() -> int:
     start, failures = time.monotonic(), {}
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for rel, problems, seconds in pool.map(lambda r: run_one(r, args.out), rels):
-            verdict = "ok" if not problems else f"FAILED ({len(problems)})"
-            print(f"{rel:60s} {verdict:12s} {seconds:6.1f} s", flush=True)
-            for problem in problems:
-                print(f"    {problem}", flush=True)
-            if problems:
-                failures[rel] = problems
+            report(rel, problems, seconds, failures)
     left_out = ", ".join(r for r in SKIPPED if r not in rels) or "none"
     why = ("only the notebooks named ran" if args.notebooks
            else f"left out as starting no process and asking nothing: {left_out}")
