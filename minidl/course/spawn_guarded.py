@@ -8,7 +8,7 @@ from minidl.course.pitfalls import TensorPairDataset
 
 
 def main() -> None:
-    loader = DataLoader(TensorPairDataset(8), batch_size=4, num_workers=2, multiprocessing_context="spawn")
+    loader = DataLoader(TensorPairDataset(8), batch_size=4, num_workers=1, multiprocessing_context="spawn")
     print("batches:", sum(1 for _ in loader))
 
 

@@ -7,5 +7,6 @@ of starting up: multiprocessing refuses. ``python -m minidl.course.spawn_unguard
 from minidl import DataLoader
 from minidl.course.pitfalls import TensorPairDataset
 
-loader = DataLoader(TensorPairDataset(8), batch_size=4, num_workers=2, multiprocessing_context="spawn")
+# One worker: two would write their tracebacks to stderr at the same time, interleaved.
+loader = DataLoader(TensorPairDataset(8), batch_size=4, num_workers=1, multiprocessing_context="spawn")
 print("batches:", sum(1 for _ in loader))
