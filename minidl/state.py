@@ -15,6 +15,7 @@ import functools
 import itertools
 import random
 import sys
+import warnings
 from collections import deque, namedtuple
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
@@ -33,7 +34,9 @@ from minidl.worker import _IterableDatasetStopIteration, _ResumeIteration, get_w
 #   1. the random draws made as the epoch starts (base_seed, the sampler's permutation): the generators'
 #      states from just before them are kept, and on resume the same draws are made again (`replaying`);
 #   2. how far the consumer got, tasks_done: the resumed sampler skips that many index batches unfetched,
-#      and round-robin dispatch goes on with next_worker, the worker the next batch was sent to;
+#      and round-robin dispatch goes on with next_worker, the worker the next batch was sent to. Out of
+#      order (in_order=False) the consumer may also have had batches past tasks_done: done_ahead lists
+#      them, and the resumed loader skips them as well, so no batch comes twice and none is lost;
 #   3. each worker's WorkerState (its random streams, its dataset's own state_dict(), whether an
 #      IterableDataset replica ran out) just after the last of its batches the consumer has had.
 #
@@ -52,14 +55,15 @@ from minidl.worker import _IterableDatasetStopIteration, _ResumeIteration, get_w
 # only when snapshot_every_n_steps=1 (torchdata's name and default); with n > 1 it ships it with the tasks
 # just before every n-th one, where the loader keeps a snapshot. Between snapshots some workers' states are
 # behind (`stale`): state_dict() then saves the last snapshot and how many batches followed it, and the
-# resumed loader fetches those again and drops them (`replay`), as torchdata does.
+# resumed loader fetches those again and drops them (`replay`), as torchdata does. Out of order, which
+# batches a replay drops is down to timing, so there every batch carries its worker's state (n = 1).
 #
 # load_state_dict() -> the next iterator: replays the draws (1), skips and dispatches on (2) at its first
 # _try_put_index, and gives worker i its saved WorkerState, restored after worker_init_fn (which may reseed)
 # when the worker makes its first fetcher. A worker whose replica had run out gets a fetcher that has ended.
 # With num_workers=0 the main process's own streams and dataset are the one WorkerState (LoaderState.main).
 
-STATE_VERSION = 4
+STATE_VERSION = 5
 
 
 # --- random streams, as JSON-safe values (the one place they are converted) --------------------------
@@ -169,6 +173,7 @@ class LoaderState:
     main: WorkerState | None = None  # num_workers=0: the main process's streams and dataset
     generator_kinds: list | None = None  # generator_kinds(): which generators `generators` holds the states of
     replay: int = 0  # batches to fetch again and drop after resuming (saved between snapshots)
+    done_ahead: list[int] = dataclasses.field(default_factory=list)  # in_order=False: batches past tasks_done had
     exhausted: bool = False  # the epoch had ended: after the replay, start the next one
     version: int = STATE_VERSION
 
@@ -212,16 +217,15 @@ class LoaderState:
                 "with the same generator= (and sampler generators) as the loader that saved it"
             )
         iterable = loader._dataset_kind == _DatasetKind.Iterable
-        iterators_saved = any(w is not None and w.iterator is not None for w in [*(new.workers or ()), new.main])
-        if iterable and new.tasks_done > 0 and not hasattr(loader.dataset, "load_state_dict") and not iterators_saved:
-            raise ValueError(
-                f"can't resume {type(loader.dataset).__name__} mid-epoch: an IterableDataset resumes only if it "
-                "(or the iterator iter() returns) has state_dict() and load_state_dict() (without them the epoch "
-                "would start again from its first item and repeat what was already consumed)"
-            )
         length = None if iterable else _len_or_none(loader._index_sampler)
-        if not 0 <= new.num_yielded <= new.tasks_done or (length is not None and new.tasks_done > length) \
-                or new.replay < 0:
+        ahead = new.done_ahead
+        if not isinstance(ahead, list) or not all(isinstance(i, int) for i in ahead) or ahead != sorted(set(ahead)) \
+                or any(i <= new.tasks_done or (length is not None and i >= length) for i in ahead):
+            raise ValueError(f"state_dict key 'done_ahead' should list, in increasing order, task numbers past "
+                             f"tasks_done={new.tasks_done} within the epoch, but it is {ahead!r}")
+        # (An IterableDataset's tasks name no sample: out of order, more than tasks_done may have been had.)
+        if new.num_yielded < 0 or (not iterable and new.num_yielded > new.tasks_done + len(ahead)) or new.replay < 0 \
+                or (length is not None and new.tasks_done > length):
             raise ValueError(f"state_dict counters out of range: tasks_done={new.tasks_done}, num_yielded="
                              f"{new.num_yielded}, replay={new.replay}, for an epoch of {length} batches")
         if new.workers is not None and len(new.workers) != new.num_workers:
@@ -229,7 +233,20 @@ class LoaderState:
         if new.next_worker is not None and not 0 <= new.next_worker < max(new.num_workers, 1):
             raise ValueError(f"state_dict key 'next_worker' is {new.next_worker}, out of range for "
                              f"{new.num_workers} workers")
+        iterators_saved = any(w is not None and w.iterator is not None for w in [*(new.workers or ()), new.main])
+        if iterable and new.tasks_done > 0 and not hasattr(loader.dataset, "load_state_dict") and not iterators_saved:
+            return _from_the_start(new, type(loader.dataset).__name__)
         return new
+
+
+def _from_the_start(state: LoaderState, name: str) -> LoaderState:
+    """A stateless IterableDataset mid-epoch: start the epoch again (same seeds) and drop what was had."""
+    had = state.num_yielded + state.replay
+    warnings.warn(f"{name} has no state_dict()/load_state_dict() (nor has the iterator iter() returns): the resumed "
+                  f"loader starts the epoch again and fetches and drops the {had} batches already had (torchdata's "
+                  "fast-forward); give it both to resume without fetching them twice", stacklevel=5)
+    return dataclasses.replace(state, tasks_done=0, num_yielded=0, replay=had, next_worker=None, done_ahead=[],
+                               workers=None if state.workers is None else [None] * state.num_workers, main=None)
 
 
 def _len_or_none(obj) -> int | None:
@@ -409,7 +426,7 @@ class _StatefulSingleIter(_StatefulIterMixin):
 
     def __init__(self, loader) -> None:
         resumed = self._take_resume_state(loader)
-        mid_epoch = resumed is not None and resumed.tasks_done > 0
+        mid_epoch = resumed is not None and (resumed.tasks_done > 0 or resumed.replay > 0)
         with replaying(self._generators, self._generator_states, mid_epoch) if resumed is not None else nullcontext():
             if resumed is not None and not mid_epoch:  # a map dataset's state goes back where it was saved:
                 _load_map_dataset(loader, resumed)  # before the epoch's draws (it may set the global generator)...
@@ -436,9 +453,12 @@ class _StatefulMultiIter(_StatefulIterMixin):
 
     def __init__(self, loader) -> None:
         resumed = self._take_resume_state(loader)
-        self._every = loader.snapshot_every_n_steps or 0
+        # Out of order, a replay can't drop the batches that were had (see NOTE): every batch carries its state.
+        self._every = (loader.snapshot_every_n_steps or 0) if loader.in_order else 1
         self._continue_from = resumed  # taken by the first _try_put_index
-        with replaying(self._generators, self._generator_states, resumed.tasks_done > 0) if resumed else nullcontext():
+        self._skip_ahead = set()  # out of order: tasks past the first one sent that the consumer had had
+        mid_epoch = resumed is not None and (resumed.tasks_done > 0 or resumed.replay > 0)
+        with replaying(self._generators, self._generator_states, mid_epoch) if resumed else nullcontext():
             super().__init__(loader)  # starts the workers and sends the first tasks
         if resumed is not None:
             self._replay(resumed)
@@ -465,8 +485,9 @@ class _StatefulMultiIter(_StatefulIterMixin):
         self._ends = {}  # worker id -> (task idx of its end, its last state), this epoch
         self._exhausted = False
         super()._reset(loader, first_iter)
-        start = resumed or _Snapshot(0, 0, None, None)  # where this epoch starts: the first snapshot
-        self._snapshot = _Snapshot(start.tasks_done, start.num_yielded, list(self._worker_states), start.next_worker)
+        start = resumed or _Snapshot(0, 0, None, None, [])  # where this epoch starts: the first snapshot
+        self._snapshot = _Snapshot(start.tasks_done, start.num_yielded, list(self._worker_states), start.next_worker,
+                                   list(start.done_ahead))
         self._next_snapshot = (start.tasks_done // self._every + 1) * self._every if self._every else None
 
     def _try_put_index(self) -> None:
@@ -474,8 +495,14 @@ class _StatefulMultiIter(_StatefulIterMixin):
             state, self._continue_from = self._continue_from, None
             self._send_idx = self._rcvd_idx = state.tasks_done
             self._skip_consumed(state.tasks_done)
+            self._skip_ahead = set(state.done_ahead)
             for _ in range(state.next_worker or 0):  # the next task goes to the worker the saved one sent it to
                 next(self._worker_queue_idx_cycle)
+        while self._send_idx in self._skip_ahead:  # had out of order before the save: drawn, never sent
+            self._skip_ahead.discard(self._send_idx)
+            if next(self._sampler_iter, _END) is _END:
+                return
+            self._send_idx += 1  # no _task_info entry: _next_data's skip loop steps over it
         super()._try_put_index()
 
     def _get_data(self):
@@ -508,29 +535,34 @@ class _StatefulMultiIter(_StatefulIterMixin):
 
     def _current(self) -> _Snapshot | None:
         """Where the consumer stands, if every worker's state after its last batch handed out is known."""
-        k = self._rcvd_idx
+        k = self._rcvd_idx  # out of order, the loop may not have stepped past tasks had already, or skipped
+        while (k < self._send_idx and k not in self._task_info) or k in self._skip_ahead:
+            k += 1
         workers, stale = list(self._worker_states), list(self._stale)
         for worker_id, (end_idx, state) in list(self._ends.items()):  # list: state_dict() may run in another thread
-            if end_idx < k:  # the consumer is past this worker's end
+            # In order, the consumer is past this worker's end; out of order, it had every batch sent before it.
+            if end_idx < k or not self._in_order:
                 workers[worker_id], stale[worker_id] = state, False
         if any(stale):
             return None
-        return _Snapshot(k, self._num_yielded, workers, self._task_info.get(k, (None,))[0])
+        # Out of order, tasks after k may have been had already (an IterableDataset's tasks name no sample).
+        ahead = set() if self._dataset_kind == _DatasetKind.Iterable else {i for i in self._skip_ahead if i > k} | \
+            {i for i in range(k + 1, self._send_idx) if i not in self._task_info}
+        return _Snapshot(k, self._num_yielded, workers, self._task_info.get(k, (None,))[0], sorted(ahead))
 
     def _state_dict(self, loader) -> LoaderState:
         """Where this epoch stands: now, or at the last snapshot and the batches had since."""
-        if not self._in_order:
-            raise ValueError("state_dict() needs in_order=True: out of order, what comes next is not reproducible")
         if self._worker_method == "thread" and self._dataset_kind == _DatasetKind.Iterable:
             raise ValueError("state_dict() can't save an IterableDataset shared by thread workers: their "
                              "replicas are one object; use worker_method='multiprocessing'")
         at = self._current() or self._snapshot
         return _loader_state(loader, self, tasks_done=at.tasks_done, num_yielded=at.num_yielded, workers=at.workers,
-                             next_worker=at.next_worker, replay=self._num_yielded - at.num_yielded)
+                             next_worker=at.next_worker, replay=self._num_yielded - at.num_yielded,
+                             done_ahead=at.done_ahead)
 
 
 # A point of the epoch where every worker's state is known.
-_Snapshot = namedtuple("_Snapshot", "tasks_done num_yielded workers next_worker")
+_Snapshot = namedtuple("_Snapshot", "tasks_done num_yielded workers next_worker done_ahead")
 
 
 # --- DataLoader.state_dict() and load_state_dict() ----------------------------------------------------
