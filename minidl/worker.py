@@ -246,13 +246,11 @@ def _is_iter_datapipe(dataset) -> bool:
     return torch_data is not None and isinstance(dataset, torch_data.IterDataPipe)
 
 
-def _apply_shared_seed(datapipe, shared_seed: int | None):
+def _apply_shared_seed(datapipe, shared_seed: int):
     """``graph_settings.apply_random_seed`` from a generator seeded with ``shared_seed``, as torch's worker does."""
     import torch
     from torch.utils.data.graph_settings import apply_random_seed
 
-    if shared_seed is None:
-        raise AssertionError("shared_seed must be provided for IterDataPipe workers")  # torch's words
     shared_rng = torch.Generator()
     shared_rng.manual_seed(shared_seed)
     return apply_random_seed(datapipe, shared_rng)
@@ -312,7 +310,9 @@ def _worker_loop(
     told_torch = False  # whether this worker swapped torch's get_worker_info (see NOTE above _tell_torch)
     try:
         seed, rng = _seed_worker(base_seed, worker_id, options.worker_method)
-        if _is_iter_datapipe(dataset):
+        if _is_iter_datapipe(dataset):  # see the DataPipes block
+            if options.shared_seed is None:
+                raise AssertionError("shared_seed must be provided for IterDataPipe workers")  # torch's words
             dataset = _apply_shared_seed(dataset, options.shared_seed)
         info = WorkerInfo(worker_id, num_workers, seed, dataset, rng, options.worker_method)
         if in_thread:
@@ -349,6 +349,8 @@ def _worker_loop(
                 data_queue.put((r, None))  # ack, so the main process knows the epoch starts clean
                 iteration_end = False
                 if _is_iter_datapipe(dataset):  # the new epoch's shared seed rides on the message
+                    if r.seed is None:
+                        raise AssertionError("resume iteration seed is None for IterDataPipe")  # torch's words
                     dataset = _apply_shared_seed(dataset, r.seed)
                 fetcher = create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
                 continue
