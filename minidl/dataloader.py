@@ -11,6 +11,7 @@ marked block of ``DataLoader``: delete the block and the file, and the loader ru
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import math
 import multiprocessing
@@ -33,6 +34,8 @@ from minidl.dataset import Dataset, IterableDataset
 from minidl.fetch import _DatasetKind
 from minidl.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from minidl.worker import (
+    _apply_shared_seed,
+    _is_iter_datapipe,
     _IterableDatasetStopIteration,
     _ResumeIteration,
     _ThreadContext,
@@ -61,6 +64,74 @@ def _is_iterable_dataset(dataset) -> bool:
         return True
     torch_data = sys.modules.get("torch.utils.data")
     return torch_data is not None and isinstance(dataset, torch_data.IterableDataset)
+
+
+# >>> DataPipes: torch's forward compatibility, so the classic DataLoader runs an IterDataPipe / MapDataPipe graph
+# (torch.utils.data.datapipes). The graph's own shufflers and sharding_filter do the work; the loader only sets them:
+#   DataLoader.__init__   wraps the graph so it pickles (_DataPipeSerializationWrapper), and shuffle= turns its
+#                         shufflers on or off (an IterDataPipe takes shuffle=, other IterableDatasets refuse it);
+#   each iterator/epoch   draws one shared seed from loader.generator, BEFORE base_seed, and seeds the graph's
+#                         random datapipes from it (_share_dist_seed; workers re-seed their copy from the same seed);
+#   then                  shards it: in the main process over the ranks, in workers over workers x ranks.
+def _is_datapipe(dataset) -> bool:
+    torch_data = sys.modules.get("torch.utils.data")  # no torch imported: nothing can be a datapipe
+    return torch_data is not None and isinstance(dataset, (torch_data.IterDataPipe, torch_data.MapDataPipe))
+
+
+def _datapipe_serialization_wrapper(datapipe):
+    from torch.utils.data.datapipes.datapipe import (
+        _IterDataPipeSerializationWrapper,
+        _MapDataPipeSerializationWrapper,
+    )
+
+    if _is_iter_datapipe(datapipe):
+        return _IterDataPipeSerializationWrapper(datapipe)
+    return _MapDataPipeSerializationWrapper(datapipe)
+
+
+def _get_distributed_settings() -> tuple[int, int]:
+    """(world_size, rank) when torch.distributed is initialized, else (1, 0)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _sharding_worker_init_fn(worker_init_fn, world_size, rank_id, worker_id) -> None:
+    """Runs first in each worker: keep this worker's share of the data (ranks first, then workers), then the user's."""
+    from torch.utils.data.graph_settings import apply_sharding
+
+    info = get_worker_info()
+    if info is None:
+        raise AssertionError("Worker info is None in sharding worker init function")
+    if not _is_datapipe(info.dataset):
+        raise AssertionError("datapipe must be an instance of IterDataPipe or MapDataPipe")
+    total_workers = info.num_workers * world_size
+    global_worker_id = worker_id * world_size + rank_id
+    apply_sharding(info.dataset, total_workers, global_worker_id)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
+
+
+def _datapipe_process_group():
+    """A gloo group to broadcast rank 0's shared seed on, when torch.distributed is initialized (else None)."""
+    import torch.distributed as dist
+
+    return dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
+
+
+def _share_dist_seed(generator, pg) -> int:
+    """One draw from the loader's generator (rank 0's, with a process group): the epoch's shared seed."""
+    if pg is None:
+        return _random.draw_seed(generator)  # torch.empty((), dtype=torch.int64).random_(generator=generator)
+    import torch
+    import torch.distributed as dist
+
+    _shared_seed = torch.empty((), dtype=torch.int64).random_(generator=generator)
+    dist.broadcast(_shared_seed, src=0, group=pg)
+    return _shared_seed.item()
+# <<< DataPipes
 
 
 def _accelerator_available() -> bool:
@@ -142,10 +213,24 @@ class DataLoader(Generic[_T_co]):
         self.multiprocessing_context = multiprocessing_context
         self.in_order = in_order
 
+        if _is_datapipe(dataset):  # see the DataPipes block
+            if num_workers > 0 and worker_method == "thread":
+                raise ValueError(
+                    "DataLoader with IterDataPipe or MapDataPipe: worker_method='thread' is not supported (thread "
+                    "workers share one datapipe graph, and each worker must shard and seed its own copy); use "
+                    "worker_method='multiprocessing' or num_workers=0"
+                )
+            self.dataset = _datapipe_serialization_wrapper(dataset)
+
         # Samplers choose keys; an IterableDataset has none, so it accepts no sampler at all.
         if _is_iterable_dataset(dataset):
             self._dataset_kind = _DatasetKind.Iterable
-            if shuffle not in {False, None}:
+            if _is_iter_datapipe(dataset):  # shuffle= switches the graph's shufflers on or off; None leaves them
+                if shuffle is not None:
+                    from torch.utils.data.graph_settings import apply_shuffle_settings
+
+                    dataset = apply_shuffle_settings(dataset, shuffle=shuffle)
+            elif shuffle not in {False, None}:
                 raise ValueError(
                     f"DataLoader with IterableDataset: expected unspecified shuffle option, but got shuffle={shuffle}"
                 )
@@ -381,8 +466,14 @@ class _BaseDataLoaderIter:
         if not _is_generator(loader.generator):
             raise TypeError(f"generator should be a torch.Generator or a numpy.random.Generator, but got "
                             f"generator={loader.generator!r} of type {type(loader.generator).__name__}")
-        # Order matters for reproducing torch: the sampler iterator is created (lazily, it
-        # draws nothing yet) and then base_seed is drawn from the loader's generator.
+        # Order matters for reproducing torch: an IterDataPipe's shared seed is drawn first, then the
+        # sampler iterator is created (lazily, it draws nothing yet) and base_seed is drawn.
+        self._shared_seed = None  # an IterDataPipe's (see the DataPipes block)
+        self._pg = None
+        if _is_iter_datapipe(self._dataset):
+            self._pg = _datapipe_process_group()
+            self._shared_seed = _share_dist_seed(loader.generator, self._pg)
+            self._dataset = _apply_shared_seed(self._dataset, self._shared_seed)
         self._sampler_iter = iter(self._index_sampler)
         self._base_seed = self._draw_base_seed(loader)
         self._persistent_workers = loader.persistent_workers
@@ -399,6 +490,9 @@ class _BaseDataLoaderIter:
         self._sampler_iter = iter(self._index_sampler)
         self._num_yielded = 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
+        if _is_iter_datapipe(self._dataset):  # a new shared seed each epoch (drawn again on a first epoch's reset)
+            self._shared_seed = _share_dist_seed(loader.generator, self._pg)
+            self._dataset = _apply_shared_seed(self._dataset, self._shared_seed)
 
     def _next_index(self):
         return next(self._sampler_iter)  # may raise StopIteration
@@ -450,6 +544,10 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
             raise AssertionError("_SingleProcessDataLoaderIter requires timeout == 0")
         if self._num_workers != 0:
             raise AssertionError("_SingleProcessDataLoaderIter requires num_workers == 0")
+        if _is_datapipe(self._dataset):  # one process: shard over the ranks only
+            from torch.utils.data.graph_settings import apply_sharding
+
+            apply_sharding(self._dataset, *_get_distributed_settings())
         self._dataset_fetcher = self._create_fetcher()
 
     def _create_fetcher(self):
@@ -555,6 +653,11 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         else:
             context = loader.multiprocessing_context or _mp_module().get_context()
             check_main_module(context, loader)  # spawn/forkserver from a notebook: can the worker import it?
+        self._worker_init_fn = loader.worker_init_fn
+        if _is_datapipe(self._dataset):  # each worker first keeps its own share (see the DataPipes block)
+            self._worker_init_fn = functools.partial(
+                _sharding_worker_init_fn, self._worker_init_fn, *_get_distributed_settings()
+            )
 
         self._worker_result_queue = context.Queue()
         self._workers_done_event = context.Event()
@@ -578,7 +681,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     self._collate_fn,
                     self._drop_last,
                     self._base_seed,
-                    loader.worker_init_fn,
+                    self._worker_init_fn,
                     i,
                     self._num_workers,
                     self._persistent_workers,
@@ -612,7 +715,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
 
     def _worker_options(self, worker_id: int) -> _WorkerOptions:
         """minidl's additions to a worker's arguments; a layer (trace.py, state.py) adds its worker side here."""
-        return _WorkerOptions(worker_method=self._worker_method)
+        return _WorkerOptions(worker_method=self._worker_method, shared_seed=self._shared_seed)
 
     def _start_pin_memory_thread(self, in_queue, out_queue) -> threading.Thread:
         from minidl.pin_memory import _pin_memory_loop
@@ -641,7 +744,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             # Persistent workers: tell each one a new epoch begins and wait for every ack, so no
             # stale result from the last epoch can be mistaken for one of this epoch.
             for index_queue in self._index_queues:
-                index_queue.put(_ResumeIteration())
+                index_queue.put(_ResumeIteration(self._shared_seed))
             acks = self._num_workers
             while acks > 0:
                 if isinstance(self._get_data()[0], _ResumeIteration):

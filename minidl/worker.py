@@ -66,7 +66,10 @@ class _IterableDatasetStopIteration:
 
 @dataclass(frozen=True)
 class _ResumeIteration:
-    """Sent to persistent workers at the start of each new epoch; echoed back as an ack."""
+    """Sent to persistent workers at the start of each new epoch; echoed back as an ack.
+
+    ``seed`` is the epoch's shared seed when the dataset is an IterDataPipe (torch's ``_ResumeIteration(seed)``).
+    """
 
     seed: int | None = None
 
@@ -232,6 +235,26 @@ class _WorkerOptions:
 
     worker_method: str = "multiprocessing"  # or "thread"
     layers: tuple = ()
+    shared_seed: int | None = None  # torch's 14th argument: seeds an IterDataPipe's random datapipes (see below)
+
+
+# >>> DataPipes: torch's forward compatibility (an IterDataPipe graph as the dataset). Each worker's copy of the
+# graph is seeded from the one shared_seed the main process drew, so every worker shuffles the same way before
+# its sharding_filter keeps its own share; a persistent worker is re-seeded by each epoch's _ResumeIteration.
+def _is_iter_datapipe(dataset) -> bool:
+    torch_data = sys.modules.get("torch.utils.data")  # no torch imported: nothing can be a datapipe
+    return torch_data is not None and isinstance(dataset, torch_data.IterDataPipe)
+
+
+def _apply_shared_seed(datapipe, shared_seed: int):
+    """``graph_settings.apply_random_seed`` from a generator seeded with ``shared_seed``, as torch's worker does."""
+    import torch
+    from torch.utils.data.graph_settings import apply_random_seed
+
+    shared_rng = torch.Generator()
+    shared_rng.manual_seed(shared_seed)
+    return apply_random_seed(datapipe, shared_rng)
+# <<< DataPipes
 
 
 def ship(r: tuple, key: str, value) -> tuple:
@@ -287,6 +310,10 @@ def _worker_loop(
     told_torch = False  # whether this worker swapped torch's get_worker_info (see NOTE above _tell_torch)
     try:
         seed, rng = _seed_worker(base_seed, worker_id, options.worker_method)
+        if _is_iter_datapipe(dataset):  # see the DataPipes block
+            if options.shared_seed is None:
+                raise AssertionError("shared_seed must be provided for IterDataPipe workers")  # torch's words
+            dataset = _apply_shared_seed(dataset, options.shared_seed)
         info = WorkerInfo(worker_id, num_workers, seed, dataset, rng, options.worker_method)
         if in_thread:
             _thread_local.info = info
@@ -321,6 +348,10 @@ def _worker_loop(
             if isinstance(r, _ResumeIteration):
                 data_queue.put((r, None))  # ack, so the main process knows the epoch starts clean
                 iteration_end = False
+                if _is_iter_datapipe(dataset):  # the new epoch's shared seed rides on the message
+                    if r.seed is None:
+                        raise AssertionError("resume iteration seed is None for IterDataPipe")  # torch's words
+                    dataset = _apply_shared_seed(dataset, r.seed)
                 fetcher = create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
                 continue
             if r is None:  # the sentinel: shutdown, or this worker is no longer needed
