@@ -555,6 +555,7 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
     reorder_lost = sum(e["end"] - e["start"] for e in by["reorder_block"])
     pin = _mean([e["end"] - e["start"] for e in by["pin"]])
     workers_needed = max(1, math.ceil(batch_time / consumer_step)) if consumer_step > 0 else max(1, trace.num_workers)
+    workers_needed = min(workers_needed, max(1, len(yields)))  # an epoch of n batches keeps at most n workers busy
 
     if cores is None:  # the cores this process may use (os.process_cpu_count from Python 3.13; a Mac has no affinity)
         count = getattr(os, "process_cpu_count", None)

@@ -12,8 +12,9 @@ from minidl.bench import live
 @pytest.mark.parametrize(("ratios", "expected"), [
     ([1.2, 1.05, 1.3], "faster in every round"),
     ([0.8, 0.95, 0.99], "slower in every round"),
-    ([0.9, 1.1, 1.3], "no difference beyond the rounds' variation (they fall on both sides of 1)"),
-    ([1.0, 1.2, 1.3], "no difference beyond the rounds' variation (they fall on both sides of 1)"),  # a tie is no win
+    ([0.9, 1.1, 1.3], "no difference beyond the rounds' variation (not all rounds fall on one side of 1)"),
+    # A tie is no win:
+    ([1.0, 1.2, 1.3], "no difference beyond the rounds' variation (not all rounds fall on one side of 1)"),
 ])
 def test_verdict_reads_every_round(ratios, expected):
     assert live.verdict(ratios, "faster", "slower") == expected

@@ -149,8 +149,11 @@ def test_diagnosis_blames_the_consumer_for_a_slow_training_step():
     assert d.bottleneck == "consumer" and d.wait_share < 0.25
     assert d.consumer_step == pytest.approx(0.03) and d.workers_needed == 1
     assert "bottleneck: the consumer" in str(d)
-    slow = scripted_trace(consumer_step=0.001, load=0.03).diagnose()  # the same judge, the other way round
-    assert slow.bottleneck == "loader" and slow.workers_needed == 30
+    # The same judge, the other way round (times exact in binary, so the ratio is exactly 16).
+    slow = scripted_trace(consumer_step=0.125, load=2.0, batches=40).diagnose()
+    assert slow.bottleneck == "loader" and slow.workers_needed == 16
+    short = scripted_trace(consumer_step=0.125, load=2.0, batches=6).diagnose()
+    assert short.workers_needed == 6  # an epoch of 6 batches keeps at most 6 workers busy
 
 
 def test_a_recorded_slow_training_step_is_measured_as_such():

@@ -35,13 +35,13 @@ def verdict(ratios: Sequence[float], more: str, less: str) -> str:
     >>> verdict([1.2, 1.3, 1.1], "faster", "slower")
     'faster in every round'
     >>> print(verdict([0.9, 1.1, 1.0], "faster", "slower"))
-    no difference beyond the rounds' variation (they fall on both sides of 1)
+    no difference beyond the rounds' variation (not all rounds fall on one side of 1)
     """
     if min(ratios) > 1:
         return f"{more} in every round"
     if max(ratios) < 1:
         return f"{less} in every round"
-    return "no difference beyond the rounds' variation (they fall on both sides of 1)"
+    return "no difference beyond the rounds' variation (not all rounds fall on one side of 1)"
 
 
 def run_label(info: Mapping[str, str], run: str = "this run") -> str:
