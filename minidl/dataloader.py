@@ -472,8 +472,7 @@ class _BaseDataLoaderIter:
         self._pg = None
         if _is_iter_datapipe(self._dataset):
             self._pg = _datapipe_process_group()
-            self._shared_seed = _share_dist_seed(loader.generator, self._pg)
-            self._dataset = _apply_shared_seed(self._dataset, self._shared_seed)
+            self._seed_datapipe(loader)
         self._sampler_iter = iter(self._index_sampler)
         self._base_seed = self._draw_base_seed(loader)
         self._persistent_workers = loader.persistent_workers
@@ -491,8 +490,12 @@ class _BaseDataLoaderIter:
         self._num_yielded = 0
         self._IterableDataset_len_called = loader._IterableDataset_len_called
         if _is_iter_datapipe(self._dataset):  # a new shared seed each epoch (drawn again on a first epoch's reset)
-            self._shared_seed = _share_dist_seed(loader.generator, self._pg)
-            self._dataset = _apply_shared_seed(self._dataset, self._shared_seed)
+            self._seed_datapipe(loader)
+
+    def _seed_datapipe(self, loader: DataLoader) -> None:
+        """Draw the epoch's shared seed from the loader's generator and seed the datapipe's random parts with it."""
+        self._shared_seed = _share_dist_seed(loader.generator, self._pg)
+        self._dataset = _apply_shared_seed(self._dataset, self._shared_seed)
 
     def _next_index(self):
         return next(self._sampler_iter)  # may raise StopIteration

@@ -177,6 +177,11 @@ class LoaderState:
     exhausted: bool = False  # the epoch had ended: after the replay, start the next one
     version: int = STATE_VERSION
 
+    @property
+    def mid_epoch(self) -> bool:
+        """Saved after the epoch's first batch: tasks were done, or batches follow its snapshot."""
+        return self.tasks_done > 0 or self.replay > 0
+
     def to_dict(self) -> dict:
         return asdict(self)  # WorkerStates become dicts too
 
@@ -426,7 +431,7 @@ class _StatefulSingleIter(_StatefulIterMixin):
 
     def __init__(self, loader) -> None:
         resumed = self._take_resume_state(loader)
-        mid_epoch = resumed is not None and (resumed.tasks_done > 0 or resumed.replay > 0)
+        mid_epoch = resumed is not None and resumed.mid_epoch
         with replaying(self._generators, self._generator_states, mid_epoch) if resumed is not None else nullcontext():
             if resumed is not None and not mid_epoch:  # a map dataset's state goes back where it was saved:
                 _load_map_dataset(loader, resumed)  # before the epoch's draws (it may set the global generator)...
@@ -457,7 +462,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
         self._every = (loader.snapshot_every_n_steps or 0) if loader.in_order else 1
         self._continue_from = resumed  # taken by the first _try_put_index
         self._skip_ahead = set()  # out of order: tasks past the first one sent that the consumer had had
-        mid_epoch = resumed is not None and (resumed.tasks_done > 0 or resumed.replay > 0)
+        mid_epoch = resumed is not None and resumed.mid_epoch
         with replaying(self._generators, self._generator_states, mid_epoch) if resumed else nullcontext():
             super().__init__(loader)  # starts the workers and sends the first tasks
         if resumed is not None:
