@@ -34,7 +34,7 @@ lint: setup
 
 # Unit tests plus the doctest examples in the package's docstrings.
 unit: setup
-	$(PYTEST) tests minidl --doctest-modules
+	$(PYTEST) tests minidl minidl_course minidl_bench --doctest-modules
 
 # The tests that start process workers, again with the default start method set to forkserver (Linux
 # from Python 3.14) and to spawn (macOS, Windows): tests/start_method/sitecustomize.py reads MINIDL_START_METHOD
@@ -83,7 +83,7 @@ mac: setup
 	$(BIN)/python scripts/mac_run.py
 
 bench: setup
-	$(BIN)/python -m minidl.bench
+	$(BIN)/python -m minidl_bench
 
 # .venv-ft: a free-threaded (no-GIL) CPython 3.13+ with minidl and the [ft] pins, no torch. scripts/ft.sh
 # finds the interpreter (PATH, an earlier build, uv) or builds it once into ~/.cache/minidl.
@@ -110,9 +110,9 @@ test-ft: ft
 # Thread workers vs process workers under both builds (~8 min on 2 cores; BENCH_FT_ARGS=--quick: ~1 min),
 # each into results/<machine-tag>/, then both side by side in results/threads/ (plots need .venv's matplotlib).
 bench-ft: setup ft
-	$(FT_VENV)/bin/python -m minidl.bench threads $(BENCH_FT_ARGS)
-	$(BIN)/python -m minidl.bench threads $(BENCH_FT_ARGS)
-	$(BIN)/python -m minidl.bench.threads_report
+	$(FT_VENV)/bin/python -m minidl_bench threads $(BENCH_FT_ARGS)
+	$(BIN)/python -m minidl_bench threads $(BENCH_FT_ARGS)
+	$(BIN)/python -m minidl_bench.threads_report
 
 clean:
 	rm -rf $(VENV) $(FT_VENV) .pytest_cache .ruff_cache .hypothesis

@@ -21,6 +21,19 @@ MP_STATUS_CHECK_INTERVAL = 1.0
 now = time.perf_counter
 
 
+def process_cpu_count() -> int:
+    """The cores this process may run on: its affinity mask where the OS has one (Linux), else all of them.
+
+    ``os.process_cpu_count`` says the same from Python 3.13; a Mac has neither that before 3.13 nor
+    ``sched_getaffinity``, and gets ``os.cpu_count()``.
+    """
+    if hasattr(os, "process_cpu_count"):
+        return os.process_cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 class ExceptionWrapper:
     """An exception caught in a worker, carried to the main process with its traceback."""
 

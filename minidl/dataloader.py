@@ -28,7 +28,7 @@ import numpy as np
 
 from minidl import _random, _utils
 from minidl._picklable import check_main_module, pickling_errors_named
-from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
+from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper, process_cpu_count
 from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
 from minidl.fetch import _DatasetKind
@@ -373,8 +373,8 @@ class DataLoader(Generic[_T_co]):
         """Warn, as torch does, when asking for more workers than this process may use cores."""
         if not self.num_workers:
             return
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        if cores is not None and self.num_workers > cores:
+        cores = process_cpu_count()
+        if self.num_workers > cores:
             kind = "threads" if self.worker_method == "thread" else "processes"
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker {kind} in total. Our suggested "

@@ -27,7 +27,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 
-from minidl._utils import ExceptionWrapper, now
+from minidl._utils import ExceptionWrapper, now, process_cpu_count
 from minidl.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
 from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetcher
 from minidl.worker import _IterableDatasetStopIteration, ship, unship
@@ -465,7 +465,7 @@ class Trace:
     def plot(self, ax=None, title: str = "DataLoader timeline", caption: str | None = None):
         """A Gantt chart: one lane per worker, plus the pin thread, the main process and the consumer.
 
-        ``caption`` goes under the title: name the machine there (``minidl.bench.describe()``).
+        ``caption`` goes under the title: name the machine there (``minidl_bench.describe()``).
         """
         return plot_timeline(self.rows(), ax=ax, title=title, caption=caption)
 
@@ -557,10 +557,8 @@ def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
     workers_needed = max(1, math.ceil(batch_time / consumer_step)) if consumer_step > 0 else max(1, trace.num_workers)
     workers_needed = min(workers_needed, max(1, len(yields)))  # an epoch of n batches keeps at most n workers busy
 
-    if cores is None:  # the cores this process may use (os.process_cpu_count from Python 3.13; a Mac has no affinity)
-        count = getattr(os, "process_cpu_count", None)
-        cores = (count() if count else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                 else os.cpu_count()) or 1
+    if cores is None:
+        cores = process_cpu_count()
     bottleneck = "loader" if wait_share > 0.25 else "consumer"
     advice = _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport,
                      pin, workers_needed, cores, io_bound, slow_batch)

@@ -20,7 +20,7 @@ import sys
 import time
 
 import minidl
-from minidl.course import toy
+from minidl_course import toy
 
 
 class ExitInWorker(toy.RangeDataset):

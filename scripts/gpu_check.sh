@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared run on a CUDA machine: the `gpu`-marked tests, then `python -m minidl.bench gpu` in full mode.
+# One prepared run on a CUDA machine: the `gpu`-marked tests, then `python -m minidl_bench gpu` in full mode.
 #
 #   scripts/gpu_check.sh OUT_DIR          # e.g. scripts/gpu_check.sh "$OUT" on the lent GPU machine
 #
@@ -97,7 +97,7 @@ elif [ "$status" -ne 0 ]; then
     echo "== checking for CUDA failed (exit $status): nothing measured"
     return 1
 fi
-timeout "$(limit 30)" "$PY" -c "import minidl.bench.machine as m; print('machine:', m.describe()); print('tag:', m.machine_tag())"
+timeout "$(limit 30)" "$PY" -c "import minidl_bench.machine as m; print('machine:', m.describe()); print('tag:', m.machine_tag())"
 
 failed=0
 echo "== gpu-marked tests"
@@ -129,8 +129,8 @@ else
 fi
 
 bench_limit=$(limit "$BENCH_LIMIT")
-echo "== python -m minidl.bench gpu --out $out (full mode, limit ${bench_limit} s)"
-timeout -k 5 "$bench_limit" "$PY" -m minidl.bench gpu --out "$out"
+echo "== python -m minidl_bench gpu --out $out (full mode, limit ${bench_limit} s)"
+timeout -k 5 "$bench_limit" "$PY" -m minidl_bench gpu --out "$out"
 status=$?
 case $status in
     0) if [ -s "$out/gpu.csv" ]; then echo "gpu bench: done"; else echo "gpu bench: wrote no gpu.csv"; failed=1; fi ;;

@@ -28,7 +28,7 @@ cat >"$work/drive.py" <<'EOF'
 import sys
 
 import minidl
-from minidl.bench.workloads import PythonWorkload
+from minidl_bench.workloads import PythonWorkload
 
 version, n = sys.argv[1], int(sys.argv[2])
 dataset = PythonWorkload(n, shared_constants=version == "shared")
@@ -46,7 +46,7 @@ flat() {
 
 {
     echo "# perf profile of the python workload, 2 thread workers ($SAMPLES samples), $(date -u +%Y-%m-%d)"
-    echo "# $(PYTHONPATH=$REPO "$PY" -c 'from minidl.bench import describe; print(describe())')"
+    echo "# $(PYTHONPATH=$REPO "$PY" -c 'from minidl_bench import describe; print(describe())')"
     echo "# command: bash scripts/perf_decref.sh ${PY#"$REPO"/}  (perf record -e cpu-clock:u -F 2000, self time)"
     echo "# share <constants> <percent of the samples in _Py_DecRefShared> (0.00: under perf report's 0.01% cutoff)"
 } >"$work/summary"

@@ -16,26 +16,26 @@ from pathlib import Path
 
 import pytest
 
-from minidl.bench.harness import COLUMNS
-from minidl.bench.machine import MACHINE_FIELDS, machine_tag
+from minidl_bench.harness import COLUMNS
+from minidl_bench.machine import MACHINE_FIELDS, machine_tag
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_bench(*args: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python -m minidl.bench *args`` in a fresh interpreter from the repository root, without MINIDL_QUICK.
+    """``python -m minidl_bench *args`` in a fresh interpreter from the repository root, without MINIDL_QUICK.
 
     If it outlives ``timeout``, every process of its tree prints its Python stacks (faulthandler, on
     SIGABRT) before the test fails, with the end of what the suite printed: the step that hung.
     """
     full_env = {k: v for k, v in os.environ.items() if k != "MINIDL_QUICK"} | (env or {}) | {"PYTHONFAULTHANDLER": "1"}
-    with subprocess.Popen([sys.executable, "-m", "minidl.bench", *args], cwd=ROOT, env=full_env, text=True,
+    with subprocess.Popen([sys.executable, "-m", "minidl_bench", *args], cwd=ROOT, env=full_env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             stdout, stderr = _dump_and_kill(proc)
-            pytest.fail(f"python -m minidl.bench {' '.join(args)} still running after {timeout} s; the end of its "
+            pytest.fail(f"python -m minidl_bench {' '.join(args)} still running after {timeout} s; the end of its "
                         f"output, then each process's stacks:\n{stdout[-2000:]}\n{stderr[-12000:]}", pytrace=False)
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 

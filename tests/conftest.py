@@ -8,7 +8,7 @@ import time
 import pytest
 from loadertools import alive_children, worker_threads
 
-from minidl.course import osfacts
+from minidl_course import osfacts
 
 # Two modules named sitecustomize (the start-method runs' and the Mac stand-in's) are loaded by Python at start-up,
 # not tests: collecting both for doctests (`make unit`) would import one under the other's name.

@@ -1,4 +1,4 @@
-"""Tests for minidl.bench: the harness, the kernels suite in quick mode, and import hygiene.
+"""Tests for minidl_bench: the harness, the kernels suite in quick mode, and import hygiene.
 
 No test here asserts a speed: timings depend on the machine and on whatever else it is running.
 """
@@ -23,9 +23,9 @@ from benchtools import check_rows, read_csv, run_bench
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minidl.bench import SUITES, Timing, is_quick, machine, machine_info, machine_tag, time_it
-from minidl.bench.harness import Row, fill_speedups, format_table, main, missing
-from minidl.bench.kernels import (
+from minidl_bench import SUITES, Timing, is_quick, machine, machine_info, machine_tag, time_it
+from minidl_bench.harness import Row, fill_speedups, format_table, main, missing
+from minidl_bench.kernels import (
     compile_numba,
     fetch_sample,
     make_images,
@@ -37,7 +37,7 @@ from minidl.bench.kernels import (
     normalise_image,
     normalise_numpy,
 )
-from minidl.bench.machine import MACHINE_FIELDS
+from minidl_bench.machine import MACHINE_FIELDS
 
 ROOT = Path(__file__).resolve().parents[1]
 HAS_NUMBA = not missing("numba")
@@ -53,11 +53,11 @@ def run_python(code: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 # --- import hygiene ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("module", ["minidl", "minidl.bench"])
+@pytest.mark.parametrize("module", ["minidl", "minidl_bench"])
 def test_import_does_not_pull_in_heavy_packages(module):
     heavy = ("numba", "matplotlib", "tqdm")
     if module == "minidl":
-        heavy += ("minidl.bench",)
+        heavy += ("minidl_bench",)
     code = f"import sys, {module}; print(sorted(m for m in {heavy!r} if m in sys.modules))"
     result = run_python(code)
     assert result.returncode == 0, result.stderr
@@ -153,7 +153,7 @@ def test_io_and_monte_carlo_tasks_are_deterministic():
         assert map_pool(monte_carlo_hits, tasks, pool, 1) == map_serial(monte_carlo_hits, tasks)
 
 
-# --- the whole suite, as `python -m minidl.bench kernels --quick` --------------------------------
+# --- the whole suite, as `python -m minidl_bench kernels --quick` --------------------------------
 
 @pytest.mark.slow
 def test_cli_runs_the_kernels_suite_in_quick_mode(tmp_path):
@@ -186,7 +186,7 @@ def test_kernels_suite_runs_without_numba_matplotlib_or_torch(tmp_path):
     code = ("import sys\n"
             "for name in ('numba', 'matplotlib', 'torch'):\n"
             "    sys.modules[name] = None\n"
-            "from minidl.bench.harness import main\n"
+            "from minidl_bench.harness import main\n"
             f"raise SystemExit(main(['kernels', '--out', {str(tmp_path)!r}]))\n")
     result = run_python(code, env={"MINIDL_QUICK": "1"})
     assert result.returncode == 0, result.stderr
@@ -216,7 +216,7 @@ def test_everything_a_pool_runs_pickles_under_spawn():
 
 @given(st.lists(st.floats(-1e6, 1e6), min_size=1, max_size=40, unique=True), st.sampled_from([0.9, 0.95, 0.99]))
 def test_median_ci_brackets_the_median_with_the_coverage_it_claims(values, level):
-    from minidl.bench.harness import median_ci
+    from minidl_bench.harness import median_ci
 
     low, high, coverage = median_ci(values, level)
     ordered, n = sorted(values), len(values)
@@ -236,8 +236,8 @@ def test_median_ci_brackets_the_median_with_the_coverage_it_claims(values, level
 def test_session_progress_counts_measurements_a_suite_takes_itself(tmp_path):
     from tqdm import tqdm
 
-    from minidl.bench.harness import Session
-    from minidl.bench.loaders import run_rounds
+    from minidl_bench.harness import Session
+    from minidl_bench.loaders import run_rounds
 
     with tqdm(total=0, file=io.StringIO()) as bar:  # not disabled: a disabled bar counts nothing
         session = Session("demo", quick=True, out=tmp_path, bar=bar)
@@ -261,5 +261,5 @@ def test_worker_sweep_reaches_past_the_core_count(cores, knee_passed_at):
 def test_core_count_follows_the_affinity_mask():
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no affinity masks on this platform")
-    code = "import os; os.sched_setaffinity(0, {0}); from minidl.bench import machine; print(machine.core_count())"
+    code = "import os; os.sched_setaffinity(0, {0}); from minidl_bench import machine; print(machine.core_count())"
     assert run_python(code).stdout.strip() == "1"

@@ -1,4 +1,4 @@
-"""minidl.bench.batches: the one batch-equality check the tests and the benchmark suites share."""
+"""minidl_bench.batches: the one batch-equality check the tests and the benchmark suites share."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from minidl.bench.batches import (
+from minidl_bench.batches import (
     assert_same_batch,
     assert_same_batches,
     batch_difference,
@@ -101,7 +101,7 @@ def test_check_first_batches_names_the_loader_that_differs():
 
 
 def test_importing_the_helper_does_not_import_torch():
-    code = "import sys, minidl.bench.batches; print('torch' in sys.modules)"
+    code = "import sys, minidl_bench.batches; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.strip() == "False"
 

@@ -14,9 +14,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import minidl.bench  # noqa: E402
-from minidl.bench import gpu  # noqa: E402
-from minidl.bench.harness import COLUMNS, Session, main, missing  # noqa: E402
+import minidl_bench  # noqa: E402
+from minidl_bench import gpu  # noqa: E402
+from minidl_bench.harness import COLUMNS, Session, main, missing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,8 +42,8 @@ class Bar:
 
 @pytest.fixture
 def registered(monkeypatch):
-    """The suite registered under ``gpu``, whether or not minidl.bench.SUITES lists it yet."""
-    monkeypatch.setitem(minidl.bench.SUITES, "gpu", "minidl.bench.gpu")
+    """The suite registered under ``gpu``, whether or not minidl_bench.SUITES lists it yet."""
+    monkeypatch.setitem(minidl_bench.SUITES, "gpu", "minidl_bench.gpu")
 
 
 def read_rows(path: Path) -> list[dict[str, str]]:
@@ -77,7 +77,7 @@ def test_without_cuda_the_cli_exits_cleanly(tmp_path, monkeypatch, capsys):
 @pytest.mark.usefixtures("registered")
 def test_without_tqdm_the_cli_prints_plain_lines(tmp_path, monkeypatch, capsys):
     # The GPU machine's own Python may lack tqdm: the harness then prints what the bar would have written.
-    from minidl.bench import harness
+    from minidl_bench import harness
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(harness, "missing", lambda *modules: [m for m in modules if m == "tqdm"])
@@ -109,7 +109,7 @@ def test_gpu_check_script_needs_its_output_folder():
 
 
 def test_importing_the_suite_does_not_import_torch():
-    code = "import sys, minidl.bench.gpu; print('torch' in sys.modules)"
+    code = "import sys, minidl_bench.gpu; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 

@@ -1,4 +1,4 @@
-"""minidl.bench.live: the words a notebook prints about its own run."""
+"""minidl_bench.live: the words a notebook prints about its own run."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from minidl.bench import live
+from minidl_bench import live
 
 
 @pytest.mark.parametrize(("ratios", "expected"), [

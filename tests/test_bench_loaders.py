@@ -1,7 +1,7 @@
-"""Tests for the ``loaders`` and ``overhead`` suites of minidl.bench and the workloads they load.
+"""Tests for the ``loaders`` and ``overhead`` suites of minidl_bench and the workloads they load.
 
 Both suites run once, in quick mode, into a temporary folder, through the same command-line path as
-``python -m minidl.bench``. No test here asserts a speed: only that every number is there and positive.
+``python -m minidl_bench``. No test here asserts a speed: only that every number is there and positive.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from benchtools import check_rows, read_csv, run_bench
 
-from minidl.bench.harness import missing
-from minidl.bench.machine import MACHINE_FIELDS
+from minidl_bench.harness import missing
+from minidl_bench.machine import MACHINE_FIELDS
 
 pytestmark = pytest.mark.skipif(bool(missing("torch", "psutil", "PIL")), reason="needs torch, psutil and Pillow")
 
@@ -44,7 +44,7 @@ def quick_run(tmp_path_factory) -> tuple[Path, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_loaders_suite_measures_every_backend_workload_and_worker_count(quick_run):
-    from minidl.bench.loaders import QUICK, backends_for
+    from minidl_bench.loaders import QUICK, backends_for
 
     out, output = quick_run
     assert "mode: quick" in output
@@ -89,7 +89,7 @@ def test_loaders_suite_measures_every_backend_workload_and_worker_count(quick_ru
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick_run):
-    from minidl.bench.overhead import BATCH_SIZES, QUICK, STATEFUL, TRACE_BACKENDS, WORKERS, methods_for
+    from minidl_bench.overhead import BATCH_SIZES, QUICK, STATEFUL, TRACE_BACKENDS, WORKERS, methods_for
 
     out, output = quick_run
     assert "loader's own cost per batch" in output and "tracing: with trace=True / without" in output
@@ -113,7 +113,7 @@ def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick
     if not missing("matplotlib"):
         for name in ("overhead_per_batch.png", "overhead_trace.png"):
             assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
-        from minidl.bench import replot
+        from minidl_bench import replot
 
         figure = replot.overhead(out)["overhead_per_batch.png"]  # redrawn from the CSV: every method has its dot
         labels = [t.get_text() for t in figure.axes[0].get_yticklabels()]
@@ -125,7 +125,7 @@ def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick
 
 @pytest.fixture(scope="module")
 def small_workloads(tmp_path_factory):
-    from minidl.bench import workloads
+    from minidl_bench import workloads
 
     cache = tmp_path_factory.mktemp("images")
     root = workloads.image_folder(2, name="tiny", cache=cache)
@@ -164,7 +164,7 @@ def test_workloads_load_by_reference_in_a_fresh_interpreter(small_workloads):
 
 
 def test_peak_memory_sees_this_process():
-    from minidl.bench.loaders import PeakMemory
+    from minidl_bench.loaders import PeakMemory
 
     with PeakMemory(interval=0.01) as memory:
         block = np.ones(32 * 2**20 // 8)  # 32 MiB, touched: private to this process
@@ -177,7 +177,7 @@ def test_peak_memory_without_pss_records_nan_not_zero(monkeypatch):
     import collections
     import math
 
-    from minidl.bench.loaders import PeakMemory
+    from minidl_bench.loaders import PeakMemory
 
     no_pss = collections.namedtuple("pfullmem", "rss vms uss")
     monkeypatch.setattr(psutil.Process, "memory_full_info", lambda self: no_pss(1, 2, 3 * 2**20))

@@ -1,6 +1,6 @@
-"""Tests for the ``pipeline`` suite of minidl.bench (notebook 11's measurements).
+"""Tests for the ``pipeline`` suite of minidl_bench (notebook 11's measurements).
 
-The suite runs once, in quick mode, into a temporary folder, through ``python -m minidl.bench``. No test here
+The suite runs once, in quick mode, into a temporary folder, through ``python -m minidl_bench``. No test here
 asserts a speed: only that every measurement is there, well formed and positive, and the files are written.
 """
 
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from benchtools import check_rows, read_csv, run_bench
 
-from minidl.bench.harness import missing
-from minidl.bench.machine import MACHINE_FIELDS
+from minidl_bench.harness import missing
+from minidl_bench.machine import MACHINE_FIELDS
 
 pytestmark = pytest.mark.skipif(bool(missing("numba")), reason="needs Numba")
 
@@ -30,7 +30,7 @@ def quick_run(tmp_path_factory) -> tuple[Path, str]:
 
 
 def expected_keys() -> set[tuple[str, str, int, int]]:
-    from minidl.bench.pipeline import NUMBA_METHODS, PROCESS_STEPS, QUICK, WORKERS
+    from minidl_bench.pipeline import NUMBA_METHODS, PROCESS_STEPS, QUICK, WORKERS
 
     keys = set()
     for variant, n in (("loop", QUICK.loop), ("numpy", QUICK.numpy)):
@@ -48,7 +48,7 @@ def expected_keys() -> set[tuple[str, str, int, int]]:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_pipeline_suite_measures_every_group(quick_run):
-    from minidl.bench.pipeline import QUICK
+    from minidl_bench.pipeline import QUICK
 
     out, output = quick_run
     assert "mode: quick" in output
@@ -82,7 +82,7 @@ def test_pipeline_suite_measures_every_group(quick_run):
 
 
 def test_fresh_process_reports_each_step():
-    from minidl.bench.pipeline import fresh_process
+    from minidl_bench.pipeline import fresh_process
 
     steps = fresh_process("cache", 4)
     assert set(steps) == {"import", "first", "warm"} and all(v > 0 for v in steps.values())
@@ -91,7 +91,7 @@ def test_fresh_process_reports_each_step():
 @pytest.mark.timeout(240)
 def test_measure_runs_one_group_live_with_the_csv_keys():
     # Notebook 11 measures each group on the learner's machine and reads it like the committed CSVs.
-    from minidl.bench.pipeline import FULL, LIVE, LIVE_QUICK, QUICK, measure
+    from minidl_bench.pipeline import FULL, LIVE, LIVE_QUICK, QUICK, measure
 
     rows, rounds = measure("pool", LIVE_QUICK)
     tasks = {r["task"] for r in rows}

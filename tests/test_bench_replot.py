@@ -1,4 +1,4 @@
-"""Tests for minidl.bench.plot's chart rules and for minidl.bench.replot, which redraws committed runs.
+"""Tests for minidl_bench.plot's chart rules and for minidl_bench.replot, which redraws committed runs.
 
 The rules (issue #14): no bars on a log axis (dots there), bars and size axes from zero, a legend for
 every colour, and the machine named in the caption. They are checked on matplotlib's Axes, both for the
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from minidl.bench.harness import missing
-from minidl.bench.timing import Timing
+from minidl_bench.harness import missing
+from minidl_bench.timing import Timing
 
 pytestmark = pytest.mark.skipif(bool(missing("matplotlib")), reason="the plots need matplotlib")
 
@@ -59,7 +59,7 @@ def check_rules(name: str, fig) -> None:
 # --- the helpers -----------------------------------------------------------------------------------
 
 def test_bar_times_draws_bars_only_on_a_linear_axis_from_zero():
-    from minidl.bench import plot
+    from minidl_bench import plot
 
     fig = plot.bar_times({"a": t(0.5), "b": t(0.2)}, title="x", log=False)
     ax = fig.axes[0]
@@ -67,7 +67,7 @@ def test_bar_times_draws_bars_only_on_a_linear_axis_from_zero():
 
 
 def test_bar_times_with_log_draws_dots_not_bars():
-    from minidl.bench import plot
+    from minidl_bench import plot
 
     fig = plot.bar_times({"a": t(0.5), "b": t(0.002)}, title="x", log=True)
     ax = fig.axes[0]
@@ -77,7 +77,7 @@ def test_bar_times_with_log_draws_dots_not_bars():
 
 @pytest.mark.parametrize("low, expect_log", [(0.2, False), (0.001, True)])
 def test_bar_times_by_default_picks_dots_only_across_decades(low, expect_log):
-    from minidl.bench import plot
+    from minidl_bench import plot
 
     ax = plot.bar_times({"a": t(0.5), "b": t(low)}, title="x").axes[0]
     assert (ax.get_xscale() == "log") is expect_log
@@ -85,7 +85,7 @@ def test_bar_times_by_default_picks_dots_only_across_decades(low, expect_log):
 
 
 def test_dot_times_draws_a_one_off_call_hollow_and_says_so_in_the_legend():
-    from minidl.bench import plot
+    from minidl_bench import plot
 
     ax = plot.dot_times({"steady": t(0.01), "first call": t(0.5, 0, repeats=1)}, title="x").axes[0]
     dots = [c.lines[0] for c in ax.containers]
@@ -96,7 +96,7 @@ def test_dot_times_draws_a_one_off_call_hollow_and_says_so_in_the_legend():
 def test_groups_get_distinct_colours_each_named_in_the_legend():
     from matplotlib.colors import to_hex
 
-    from minidl.bench import plot
+    from minidl_bench import plot
 
     timings = {"x · torch": t(0.1), "x · minidl": t(0.2), "y · torch": t(0.3), "y · minidl": t(0.4)}
     groups = {k: k.split(" · ")[1] for k in timings}
@@ -109,7 +109,7 @@ def test_groups_get_distinct_colours_each_named_in_the_legend():
 def test_the_baseline_is_grey_and_the_legend_names_it():
     from matplotlib.colors import to_hex
 
-    from minidl.bench import plot
+    from minidl_bench import plot
 
     ax = plot.bar_times({"serial": t(0.4), "threads": t(0.2)}, title="x", baseline="serial", log=False).axes[0]
     assert to_hex(bars(ax)[0][0].get_facecolor()) == plot.BASELINE != to_hex(bars(ax)[0][1].get_facecolor())
@@ -117,7 +117,7 @@ def test_the_baseline_is_grey_and_the_legend_names_it():
 
 
 def test_line_plot_starts_the_y_axis_at_zero_unless_log():
-    from minidl.bench import plot
+    from minidl_bench import plot
 
     linear = plot.line_plot([0, 1, 2], {"a": [300, 320, 350], "b": [305, 310, 330]}, title="x", xlabel="w",
                             ylabel="MiB").axes[0]
@@ -127,7 +127,7 @@ def test_line_plot_starts_the_y_axis_at_zero_unless_log():
 
 
 def test_line_plot_gives_every_series_its_own_colour():
-    from minidl.bench import plot
+    from minidl_bench import plot
 
     series = {f"s{i}": [i, i + 1] for i in range(12)}  # more than one palette of 10
     ax = plot.line_plot([0, 1], series, title="x", xlabel="w", ylabel="y").axes[0]
@@ -151,8 +151,8 @@ def committed(tmp_path_factory) -> Path:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_replot_redraws_every_png_each_suite_lists_from_the_committed_csvs(committed, capsys):
-    from minidl.bench import kernels, overhead, replot
-    from minidl.bench.loaders import read_rows
+    from minidl_bench import kernels, overhead, replot
+    from minidl_bench.loaders import read_rows
 
     assert replot.main([str(committed)]) == 0
     written = {p.name for p in committed.glob("*.png")}
@@ -173,7 +173,7 @@ def test_replot_redraws_every_png_each_suite_lists_from_the_committed_csvs(commi
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("suite", ["kernels", "loaders", "overhead", "threads"])
 def test_every_committed_figure_keeps_the_chart_rules(committed, suite):
-    from minidl.bench import replot
+    from minidl_bench import replot
 
     figures = replot.SUITES[suite][1](committed)
     assert figures
@@ -182,7 +182,7 @@ def test_every_committed_figure_keeps_the_chart_rules(committed, suite):
 
 
 def test_the_caption_names_the_machine_in_the_csv_not_this_one(committed, tmp_path):
-    from minidl.bench import replot
+    from minidl_bench import replot
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -194,7 +194,7 @@ def test_the_caption_names_the_machine_in_the_csv_not_this_one(committed, tmp_pa
 
 
 def test_kernels_refuses_sizes_that_are_neither_full_nor_quick(committed, tmp_path):
-    from minidl.bench import replot
+    from minidl_bench import replot
 
     folder = tmp_path / "run"
     folder.mkdir()
@@ -205,7 +205,7 @@ def test_kernels_refuses_sizes_that_are_neither_full_nor_quick(committed, tmp_pa
 
 
 def test_the_command_line_rejects_unknown_suites_and_missing_csvs(tmp_path, capsys):
-    from minidl.bench import replot
+    from minidl_bench import replot
 
     with pytest.raises(SystemExit):
         replot.main([str(tmp_path), "nonsense"])

@@ -1,4 +1,4 @@
-"""Tests for the ``threads`` suite of minidl.bench and its two-build report, ``minidl.bench.threads_report``.
+"""Tests for the ``threads`` suite of minidl_bench and its two-build report, ``minidl_bench.threads_report``.
 
 The suite runs once, in quick mode, under the current interpreter (``make test-ft`` runs this file under
 the free-threaded one too), into a temporary folder. The report step needs matplotlib, which .venv-ft lacks:
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from benchtools import read_csv, run_bench
 
-from minidl.bench.harness import COLUMNS, missing
-from minidl.bench.machine import MACHINE_FIELDS, machine_info, python_build
+from minidl_bench.harness import COLUMNS, missing
+from minidl_bench.machine import MACHINE_FIELDS, machine_info, python_build
 
 pytestmark = pytest.mark.skipif(bool(missing("numpy", "psutil", "PIL", "tqdm")), reason="needs psutil and Pillow")
 needs_matplotlib = pytest.mark.skipif(bool(missing("matplotlib")), reason="the report's plots need matplotlib")
@@ -28,7 +28,7 @@ SUITE_PLOTS = PLOTS + ["threads_speedup_python-shared.png"]
 
 @pytest.mark.parametrize("side", [1, 4, 32])
 def test_python_workload_gives_the_same_samples_with_shared_or_own_constants(side):
-    from minidl.bench.workloads import PythonWorkload, _own
+    from minidl_bench.workloads import PythonWorkload, _own
 
     own, shared = PythonWorkload(5, side=side), PythonWorkload(5, side=side, shared_constants=True)
     for i in range(5):
@@ -54,7 +54,7 @@ def quick_run(tmp_path_factory) -> tuple[Path, str]:
 @pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_threads_suite_measures_every_backend_workload_and_worker_count(quick_run):
-    from minidl.bench.threads import QUICK, backends_for
+    from minidl_bench.threads import QUICK, backends_for
 
     out, output = quick_run
     assert "mode: quick" in output
@@ -91,7 +91,7 @@ def test_threads_suite_measures_every_backend_workload_and_worker_count(quick_ru
 
 def synthetic_run(folder: Path, build: str, python: str) -> Path:
     """A run folder with a threads.csv and a threads_metrics.csv, as one interpreter's suite would write."""
-    from minidl.bench.harness import COLUMNS as HARNESS
+    from minidl_bench.harness import COLUMNS as HARNESS
 
     folder.mkdir()
     machine = {f: "x" for f in MACHINE_FIELDS} | {"python_build": build, "python": python, "cores": "2"}
@@ -119,7 +119,7 @@ def synthetic_run(folder: Path, build: str, python: str) -> Path:
 @needs_matplotlib
 @pytest.mark.slow
 def test_report_merges_both_builds_and_draws_them_side_by_side(tmp_path, capsys):
-    from minidl.bench import threads_report
+    from minidl_bench import threads_report
 
     synthetic_run(tmp_path / "x86_64-2c-py3.11-gil", "gil", "3.11.7")
     synthetic_run(tmp_path / "x86_64-2c-py3.13t-nogil", "free-threaded", "3.13.5")

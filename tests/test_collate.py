@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import minidl.worker
-from minidl.bench.batches import assert_same_batch
 from minidl.collate import (
     TorchTensor,
     collate,
@@ -27,6 +26,7 @@ from minidl.collate import (
     numpy_collate,
 )
 from minidl.worker import WorkerInfo
+from minidl_bench.batches import assert_same_batch
 
 Point = collections.namedtuple("Point", ["x", "y"])
 

@@ -13,8 +13,8 @@ import torch.utils.data as tud  # noqa: E402
 from loadertools import TorchShardedRange  # noqa: E402
 
 import minidl  # noqa: E402
-from minidl.bench.batches import assert_same_batch  # noqa: E402
-from minidl.course import toy  # noqa: E402
+from minidl_bench.batches import assert_same_batch  # noqa: E402
+from minidl_course import toy  # noqa: E402
 
 Point = collections.namedtuple("Point", ["x", "y"])
 

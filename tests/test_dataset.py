@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 import minidl._random
 import minidl.dataset
-from minidl.bench.batches import assert_same_batch
 from minidl.dataset import (
     ChainDataset,
     ConcatDataset,
@@ -21,6 +20,7 @@ from minidl.dataset import (
     TensorDataset,
     random_split,
 )
+from minidl_bench.batches import assert_same_batch
 
 try:
     import torch

@@ -79,7 +79,7 @@ def test_the_nbval_sanitize_file_makes_two_machines_print_the_same_line():
     # nbval is in .venv, where the notebooks run; the free-threaded venv (make test-ft) runs no notebook.
     get_sanitize_patterns = pytest.importorskip("nbval.plugin").get_sanitize_patterns
 
-    from minidl.bench.machine import describe
+    from minidl_bench.machine import describe
 
     patterns = get_sanitize_patterns((ROOT / "tests" / "nbval_sanitize.cfg").read_text())
 

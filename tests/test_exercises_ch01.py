@@ -13,8 +13,8 @@ from exercise_support import (
     rejects_with_hint,
 )
 
-from minidl.course.exercises import ch01_nogil as ch01
-from minidl.course.toy import CpuBoundDataset
+from minidl_course.exercises import ch01_nogil as ch01
+from minidl_course.toy import CpuBoundDataset
 
 answer = learner_copy("ch01_nogil")
 collatz_steps, thread_speedups = answer.collatz_steps, answer.thread_speedups

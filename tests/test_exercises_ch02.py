@@ -11,10 +11,10 @@ from exercise_support import (
     learner_copy,
 )
 
-from minidl.course.exercises import (
+from minidl.sampler import BatchSampler, SequentialSampler
+from minidl_course.exercises import (
     check_sampler,
 )
-from minidl.sampler import BatchSampler, SequentialSampler
 
 SortedBatchSampler = learner_copy("ch02_sampler").SortedBatchSampler
 

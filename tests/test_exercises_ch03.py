@@ -11,7 +11,7 @@ from exercise_support import (
     learner_copy,
 )
 
-from minidl.course.exercises import (
+from minidl_course.exercises import (
     check_collate,
     first_difference,
     make_token_samples,

@@ -10,13 +10,13 @@ from exercise_support import (
     rejects,
 )
 
-from minidl.course.exercises import (
+from minidl.dataloader import DataLoader
+from minidl_course.exercises import (
     check_slow_sample,
     slow_loader,
 )
-from minidl.course.sharing_demo import use_file_system_strategy
-from minidl.course.toy import RangeDataset
-from minidl.dataloader import DataLoader
+from minidl_course.sharing_demo import use_file_system_strategy
+from minidl_course.toy import RangeDataset
 
 find_slow_sample = learner_copy("ch04_slow_sample").find_slow_sample
 

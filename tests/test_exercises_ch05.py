@@ -14,15 +14,15 @@ from exercise_support import (
 )
 
 import minidl
-from minidl.course import toy
-from minidl.course.exercises import (
+from minidl.worker import ExceptionWrapper
+from minidl_course import toy
+from minidl_course.exercises import (
     Arrivals,
     check_reorder,
     check_worker_loop,
     run_worker_processes,
 )
-from minidl.course.exercises.ch05_reorder import due_after
-from minidl.worker import ExceptionWrapper
+from minidl_course.exercises.ch05_reorder import due_after
 
 reorder = learner_copy("ch05_reorder").reorder
 simple_worker_loop = learner_copy("ch05_worker_loop").worker_loop

@@ -13,8 +13,8 @@ from exercise_support import (
 )
 
 import minidl
-from minidl.course import toy
-from minidl.course.exercises import (
+from minidl_course import toy
+from minidl_course.exercises import (
     AugmentedDataset,
     YourTurn,
     call_as_worker,

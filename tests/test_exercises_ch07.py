@@ -10,9 +10,9 @@ from exercise_support import (
     rejects_with_hint,
 )
 
-from minidl.course import pinning_demo
-from minidl.course.exercises import ch07_pinning_cost as ch07
-from minidl.course.pinning_demo import FakePinnable
+from minidl_course import pinning_demo
+from minidl_course.exercises import ch07_pinning_cost as ch07
+from minidl_course.pinning_demo import FakePinnable
 
 pin_copy = learner_copy("ch07_pinning_cost").pin_copy
 

@@ -11,12 +11,12 @@ from exercise_support import (
     learner_copy,
 )
 
-from minidl.course.exercises import (
+from minidl.prefetch import PrefetchLoader
+from minidl_course.exercises import (
     RecordingLoader,
     check_prefetcher,
     make_image_batches,
 )
-from minidl.prefetch import PrefetchLoader
 
 prefetch_one_ahead = learner_copy("ch08_prefetcher").prefetch
 

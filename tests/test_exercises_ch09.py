@@ -12,7 +12,7 @@ from exercise_support import (
     rejects_with_hint,
 )
 
-from minidl.course.exercises import ch09_threads_or_processes as ch09
+from minidl_course.exercises import ch09_threads_or_processes as ch09
 
 time_methods = learner_copy("ch09_threads_or_processes").time_methods
 

@@ -9,7 +9,7 @@ from exercise_support import (
     rejects_with_hint,
 )
 
-from minidl.course.exercises import ch10_overhead_ratio as ch10
+from minidl_course.exercises import ch10_overhead_ratio as ch10
 
 per_batch_seconds = learner_copy("ch10_overhead_ratio").per_batch_seconds
 

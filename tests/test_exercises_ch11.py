@@ -12,7 +12,7 @@ from exercise_support import (
     rejects_with_hint,
 )
 
-from minidl.course.exercises import ch11_vectorise_or_workers as ch11
+from minidl_course.exercises import ch11_vectorise_or_workers as ch11
 
 transform_batch = learner_copy("ch11_vectorise_or_workers").transform_batch
 

@@ -15,8 +15,8 @@ from exercise_support import (
     rejects_with_hint,
 )
 
-from minidl.bench.machine import worker_sweep
-from minidl.course.exercises import ch12_pitfalls_debug as ch12
+from minidl_bench.machine import worker_sweep
+from minidl_course.exercises import ch12_pitfalls_debug as ch12
 
 _ch12 = learner_copy("ch12_pitfalls_debug")
 ArrayDataset, LOADER_KWARGS = _ch12.ArrayDataset, _ch12.LOADER_KWARGS

@@ -22,7 +22,9 @@ from exercise_support import (
     rejects,
 )
 
-from minidl.course.exercises import (
+from minidl.prefetch import PrefetchLoader
+from minidl.sampler import BatchSampler
+from minidl_course.exercises import (
     ReferenceAnswer,
     YourTurn,
     check_collate,
@@ -36,16 +38,14 @@ from minidl.course.exercises import (
     first_difference,
     make_image_batches,
 )
-from minidl.course.exercises import ch01_nogil as ch01
-from minidl.course.exercises import ch07_pinning_cost as ch07
-from minidl.course.exercises import ch09_threads_or_processes as ch09
-from minidl.course.exercises import ch10_overhead_ratio as ch10
-from minidl.course.exercises import ch11_vectorise_or_workers as ch11
-from minidl.course.exercises import ch12_pitfalls_debug as ch12
-from minidl.course.exercises._common import Tripwire, refuse_reference
-from minidl.course.exercises._measure import as_number, close, interleaved, measure_then_judge, median_ratio
-from minidl.prefetch import PrefetchLoader
-from minidl.sampler import BatchSampler
+from minidl_course.exercises import ch01_nogil as ch01
+from minidl_course.exercises import ch07_pinning_cost as ch07
+from minidl_course.exercises import ch09_threads_or_processes as ch09
+from minidl_course.exercises import ch10_overhead_ratio as ch10
+from minidl_course.exercises import ch11_vectorise_or_workers as ch11
+from minidl_course.exercises import ch12_pitfalls_debug as ch12
+from minidl_course.exercises._common import Tripwire, refuse_reference
+from minidl_course.exercises._measure import as_number, close, interleaved, measure_then_judge, median_ratio
 
 SortedBatchSampler = learner_copy("ch02_sampler").SortedBatchSampler
 pad_mask_collate = learner_copy("ch03_collate").pad_mask_collate
@@ -58,21 +58,21 @@ prefetch_one_ahead = learner_copy("ch08_prefetcher").prefetch
 
 
 def test_no_reference_answer_is_importable_from_the_checkers():
-    code = ("import sys, minidl.course.exercises as e\n"
-            "from minidl.course.exercises import ch02_sampler, ch03_collate, ch04_slow_sample, ch05_reorder, "
+    code = ("import sys, minidl_course.exercises as e\n"
+            "from minidl_course.exercises import ch02_sampler, ch03_collate, ch04_slow_sample, ch05_reorder, "
             "ch05_worker_loop, ch06_seeding, ch06_sharding, ch08_prefetcher\n"
             "e.check_worker_init_fn.__module__, e.range_stream(0, 1)\n"
             "print(sorted(m for m in sys.modules if 'solutions' in m or 'reference_answers' in m))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
-    import minidl.course.exercises as exercises
+    import minidl_course.exercises as exercises
 
     for name in ("SortedBatchSampler", "pad_mask_collate", "simple_worker_loop", "prefetch_one_ahead", "reorder"):
         assert not hasattr(exercises, name)
 
 
 def test_importing_the_checkers_needs_no_torch():
-    code = "import sys, minidl.course.exercises; print('torch' in sys.modules)"
+    code = "import sys, minidl_course.exercises; print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True).stdout.strip() == "False"
 
@@ -118,7 +118,7 @@ def pads_with_torch(batch):
 
 
 def pads_with_minidl(batch):
-    from minidl.course.padding import pad_collate
+    from minidl_course.padding import pad_collate
 
     out = pad_mask_collate(batch)
     out["tokens"] = pad_collate([s["tokens"] for s in batch])
@@ -141,7 +141,7 @@ def wraps_prefetch_loader(loader, mean, std):
     (check_sampler, WrapsMinidlsBatchSampler, r"your sampler called minidl's BatchSampler.*cut the sorted order"),
     (check_sampler, WrapsTorchsBatchSampler, r"your sampler called torch's BatchSampler"),
     (check_collate, pads_with_torch, r"called torch.nn.utils.rnn.pad_sequence.*write it yourself"),
-    (check_collate, pads_with_minidl, r"called minidl.course.padding.pad_collate"),
+    (check_collate, pads_with_minidl, r"called minidl_course.padding.pad_collate"),
     (check_worker_loop, wraps_minidls_worker_loop, r"called minidl.worker._worker_loop.*write the loop yourself"),
     (check_prefetcher, wraps_prefetch_loader, r"used minidl's PrefetchLoader.*hold-one-back loop yourself"),
 ])
@@ -194,7 +194,7 @@ def test_exercise_notebooks_never_reach_the_answers(path):
 
 
 def test_checker_modules_import_no_answer_and_no_torch():
-    modules = " ".join(f"minidl.course.exercises.{name}" for name in CHECKERS)
+    modules = " ".join(f"minidl_course.exercises.{name}" for name in CHECKERS)
     script = (f"import sys, importlib\nfor m in '{modules}'.split(): importlib.import_module(m)\n"
               "print(sorted(k for k in sys.modules if 'solutions' in k or 'reference_answers' in k or k == 'torch'))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True)
@@ -205,7 +205,7 @@ def test_the_reference_answers_are_not_in_the_installed_package(tmp_path):
     """Away from the repository's tests/ (where a learner's notebook runs), neither the old nor the new home of
     the answers can be imported; and the package's files hold none of them."""
     script = ("import importlib.util as u\n"
-              "print(u.find_spec('minidl.course.solutions'), u.find_spec('reference_answers'))")
+              "print(u.find_spec('minidl_course.solutions'), u.find_spec('reference_answers'))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=True,
                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""})
     assert out.stdout.strip() == "None None"
@@ -272,8 +272,8 @@ def test_a_subclass_of_the_reference_class_and_the_old_package_name_are_refused_
     def reorder(arrivals):
         yield from arrivals
 
-    reorder.__module__ = "minidl.course.solutions.ch05_reorder"  # where an older checkout installed them
-    with pytest.raises(ReferenceAnswer, match="imported from minidl.course.solutions.ch05_reorder"):
+    reorder.__module__ = "minidl_course.solutions.ch05_reorder"  # where an older checkout installed them
+    with pytest.raises(ReferenceAnswer, match="imported from minidl_course.solutions.ch05_reorder"):
         check_reorder(reorder)
     reorder.__module__ = "minidl_course_solutions_of_my_own"  # a name that merely looks alike is not refused
     refuse_reference(reorder)

@@ -17,7 +17,7 @@ from workers_up import WorkersUp
 
 import minidl
 from minidl import _random
-from minidl.course import toy
+from minidl_course import toy
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(120)]
 

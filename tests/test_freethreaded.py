@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import minidl
-from minidl.course import toy
+from minidl_course import toy
 
 FREE_THREADED = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 needs_free_threading = pytest.mark.skipif(

@@ -1,8 +1,8 @@
-"""minidl.course.linux_recorded: what 09 and 10 print where the platform can't show a Linux-only lesson."""
+"""minidl_course.linux_recorded: what 09 and 10 print where the platform can't show a Linux-only lesson."""
 
 from __future__ import annotations
 
-from minidl.course import linux_recorded, osfacts
+from minidl_course import linux_recorded, osfacts
 
 MISSING = osfacts.Fact("the files a process holds open (/proc/<pid>/fd)", False, "no /proc on macOS or Windows")
 PRESENT = osfacts.Fact("VmPTE from /proc/<pid>/status", True)

@@ -90,7 +90,7 @@ def test_a_spawned_worker_sees_the_same_mac():
 def test_a_minidl_loader_runs_in_it_with_file_system_sharing():
     got = run("import json, torch\n"
               "from minidl import DataLoader\n"
-              "from minidl.course.sharing_demo import BlockDataset\n"
+              "from minidl_course.sharing_demo import BlockDataset\n"
               "if __name__ == '__main__':\n"
               "    batches = list(DataLoader(BlockDataset(8, kib=4), batch_size=4, num_workers=2))\n"
               "    print(json.dumps([b.is_shared() for b in batches] + [float(batches[1][0, 0])]))\n")

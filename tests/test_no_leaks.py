@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import OwnProcesses, shm_segments
 
-from minidl.course import osfacts
+from minidl_course import osfacts
 
 pytestmark = [pytest.mark.timeout(60),
               pytest.mark.skipif(not osfacts.dev_shm(), reason=osfacts.dev_shm().why_not or "no /dev/shm")]

@@ -1,4 +1,4 @@
-"""minidl.course.osfacts: each fact probed on this Linux machine, and taken away in the Mac stand-in."""
+"""minidl_course.osfacts: each fact probed on this Linux machine, and taken away in the Mac stand-in."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minidl.course import osfacts
+from minidl_course import osfacts
 
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "mac_standin"
@@ -66,7 +66,7 @@ def test_a_reader_asked_about_a_process_that_is_gone_returns_none_or_nothing():
 def test_in_the_mac_standin_each_missing_fact_says_why_and_no_reader_raises():
     got = in_standin(
         "import json, os\n"
-        "from minidl.course import osfacts\n"
+        "from minidl_course import osfacts\n"
         "facts = {f.what: [bool(f), f.why_not] for f in osfacts.all_facts()}\n"
         "me = os.getpid()\n"
         "reads = [osfacts.status_kib(me, 'VmPTE'), osfacts.locked_bytes(), osfacts.pss_bytes(),\n"

@@ -1,4 +1,4 @@
-"""minidl.course.padding against torch.nn.utils.rnn.pad_sequence: torch is the oracle."""
+"""minidl_course.padding against torch.nn.utils.rnn.pad_sequence: torch is the oracle."""
 
 import collections
 import functools
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from torch.nn.utils.rnn import pad_sequence as torch_pad_sequence
 
 import minidl
-from minidl.bench.batches import assert_same_batch
-from minidl.course.padding import pad_collate, pad_sequence
+from minidl_bench.batches import assert_same_batch
+from minidl_course.padding import pad_collate, pad_sequence
 
 Pair = collections.namedtuple("Pair", ["tokens", "label"])
 

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
 
 import minidl  # noqa: E402
-from minidl.course import toy  # noqa: E402
+from minidl_course import toy  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -261,7 +261,7 @@ def test_a_script_read_from_stdin_is_refused_before_any_worker_starts(method):
     # The worker re-runs the main script from its path, and '<stdin>' is no file: torch's worker dies.
     script = textwrap.dedent(f"""
         import multiprocessing, minidl
-        from minidl.course import toy
+        from minidl_course import toy
         before = multiprocessing.active_children()
         try:
             iter(minidl.DataLoader(toy.RangeDataset(4), num_workers=1, multiprocessing_context="{method}"))

@@ -24,10 +24,10 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  #
 
 import minidl  # noqa: E402
 import minidl.dataloader  # noqa: E402
-from minidl.bench.batches import assert_same_batch  # noqa: E402
-from minidl.course import toy  # noqa: E402
 from minidl.pin_memory import _pin_memory_loop, pin_memory  # noqa: E402
 from minidl.worker import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper  # noqa: E402
+from minidl_bench.batches import assert_same_batch  # noqa: E402
+from minidl_course import toy  # noqa: E402
 
 PIN_THREAD = "minidl_pin_memory"
 

@@ -1,4 +1,4 @@
-"""minidl.course.pinning_demo: a fake pinnable batch as torch's pin_memory expects it, page locking, GPU results."""
+"""minidl_course.pinning_demo: a fake pinnable batch as torch's pin_memory expects it, page locking, GPU results."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  #
 
 import minidl  # noqa: E402
 import minidl.dataloader  # noqa: E402
-from minidl.course import toy  # noqa: E402
-from minidl.course.pinning_demo import (  # noqa: E402
+from minidl.pin_memory import pin_memory  # noqa: E402
+from minidl_course import toy  # noqa: E402
+from minidl_course.pinning_demo import (  # noqa: E402
     FakePinnable,
     fake_pinnable_collate,
     gpu_results,
@@ -23,7 +24,6 @@ from minidl.course.pinning_demo import (  # noqa: E402
     locked_bytes,
     page_faults,
 )
-from minidl.pin_memory import pin_memory  # noqa: E402
 
 
 def test_pin_memory_returns_a_pinned_copy_and_leaves_the_original():

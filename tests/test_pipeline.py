@@ -1,4 +1,4 @@
-"""Tests for minidl/course/pipeline.py: one transform four ways, and the datasets that load it.
+"""Tests for minidl_course/pipeline.py: one transform four ways, and the datasets that load it.
 
 Every variant must give *identical* float32 batches (np.array_equal, not allclose): they all compute in
 float64 in the same order and round once. Then the datasets go through minidl's process and thread workers,
@@ -20,11 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidl
-from minidl.bench import batches
-from minidl.bench.harness import missing
-from minidl.course import pipeline as P
-from minidl.course import toy
-from minidl.course.toy import FailingDataset
+from minidl_bench import batches
+from minidl_bench.harness import missing
+from minidl_course import pipeline as P
+from minidl_course import toy
+from minidl_course.toy import FailingDataset
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_numba = pytest.mark.skipif(bool(missing("numba")), reason="needs Numba")

@@ -1,4 +1,4 @@
-"""The deliberate mistakes of minidl/course/pitfalls.py: they must go wrong exactly as notebooks 06 and 12 say."""
+"""The deliberate mistakes of minidl_course/pitfalls.py: they must go wrong exactly as notebooks 06 and 12 say."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from minidl.course import pitfalls, toy
+from minidl_course import pitfalls, toy
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -106,7 +106,7 @@ def test_the_recorded_linux_runs_say_what_the_live_ones_assert():
 
 
 def test_open_files_run_shows_the_recorded_run_where_torch_lacks_the_strategy(monkeypatch):
-    from minidl.course import osfacts
+    from minidl_course import osfacts
 
     monkeypatch.setattr(osfacts, "sharing_strategy",
                         lambda name: osfacts.Fact(name, False, "torch offers only ['file_system'] on this platform"))
@@ -117,7 +117,7 @@ def test_open_files_run_shows_the_recorded_run_where_torch_lacks_the_strategy(mo
 
 
 def test_without_proc_the_readers_say_so_instead_of_raising(monkeypatch):
-    from minidl.course import osfacts
+    from minidl_course import osfacts
 
     monkeypatch.setattr(osfacts, "open_files", lambda: osfacts.Fact("fds", False, "no /proc"))
     assert pitfalls.shared_fds([os.getpid()]) is None
@@ -210,11 +210,11 @@ def test_error_summary_keeps_the_first_line_and_the_last_exception():
 
 @pytest.mark.timeout(200)
 def test_spawn_without_the_main_guard_fails_and_with_it_works():
-    unguarded = pitfalls.run_script("minidl.course.spawn_unguarded", timeout=90)
+    unguarded = pitfalls.run_script("minidl_course.spawn_unguarded", timeout=90)
     assert unguarded.returncode != 0
     assert "RuntimeError" in unguarded.stderr and "bootstrapping phase" in unguarded.stderr
     assert "exited unexpectedly" in unguarded.stderr
-    guarded = pitfalls.run_script("minidl.course.spawn_guarded", timeout=90)
+    guarded = pitfalls.run_script("minidl_course.spawn_guarded", timeout=90)
     assert guarded.returncode == 0, guarded.stderr
     assert guarded.stdout.strip() == "batches: 2"
 
@@ -275,7 +275,7 @@ def test_decode_like_samples_are_deterministic_and_waiting_ones_match_without_th
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("workers", [0, 2])
 def test_train_throughput_feeds_every_batch_to_the_trainer(workers):
-    from minidl.course.train import Trainer
+    from minidl_course.train import Trainer
 
     trainer = Trainer(channels=3, classes=10, seed=0)
     rate = pitfalls.train_throughput(pitfalls.DecodeLikeDataset(40, size=16, rounds=1), workers, batch_size=8,
@@ -285,7 +285,7 @@ def test_train_throughput_feeds_every_batch_to_the_trainer(workers):
 
 @pytest.mark.timeout(60)
 def test_train_epoch_counts_the_workers_cpu_time_in_cores_busy():
-    from minidl.course.train import Trainer
+    from minidl_course.train import Trainer
 
     dataset = pitfalls.DecodeLikeDataset(48, size=32, rounds=40)
     trainer = Trainer(channels=3, classes=10, seed=0)

@@ -1,4 +1,4 @@
-"""minidl.course.sharing_demo: how batches cross from process workers, with torch's DataLoader as the oracle."""
+"""minidl_course.sharing_demo: how batches cross from process workers, with torch's DataLoader as the oracle."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
 
 import minidl  # noqa: E402
-from minidl.course.sharing_demo import (  # noqa: E402
+from minidl_course.sharing_demo import (  # noqa: E402
     BlockDataset,
     leaf_table_kib,
     shm_fds,

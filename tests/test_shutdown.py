@@ -19,7 +19,7 @@ from workers_up import WorkersUp
 
 import minidl
 from minidl import _random
-from minidl.course import toy
+from minidl_course import toy
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
 
@@ -117,7 +117,7 @@ def test_every_way_to_stop_leaves_nothing_running(worker_method, persistent, how
 SCRIPT = textwrap.dedent("""
     import json, multiprocessing, os, signal, sys, time
     import minidl
-    from minidl.course import toy
+    from minidl_course import toy
 
     # The guard: under spawn or forkserver (Linux's default from Python 3.14) workers import this file.
     if __name__ == "__main__":

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import minidl
-from minidl.bench.batches import assert_same_batches
-from minidl.course import toy
+from minidl_bench.batches import assert_same_batches
+from minidl_course import toy
 
 torch = pytest.importorskip("torch")
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import minidl
-from minidl.course import toy
+from minidl_course import toy
 
 torch = pytest.importorskip("torch")
 

@@ -18,7 +18,7 @@ import warnings
 import pytest
 
 import minidl
-from minidl.course import toy
+from minidl_course import toy
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(180)]
 

@@ -19,7 +19,7 @@ from torch.utils.data._utils import worker as torch_worker  # noqa: E402
 
 import minidl  # noqa: E402
 from minidl import worker  # noqa: E402
-from minidl.course import toy  # noqa: E402
+from minidl_course import toy  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(60)]
 

@@ -10,8 +10,8 @@ from collections import Counter
 import pytest
 
 import minidl
-from minidl.course import toy
 from minidl.trace import FIELDS, SPANS, Trace
+from minidl_course import toy
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

@@ -1,4 +1,4 @@
-"""minidl.course.train: the course's CPU training step learns, and is reproducible from its seed."""
+"""minidl_course.train: the course's CPU training step learns, and is reproducible from its seed."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from minidl.course.train import Trainer  # noqa: E402
+from minidl_course.train import Trainer  # noqa: E402
 
 
 def _batch(seed: int = 0):

@@ -51,7 +51,7 @@ def test_workers_without_torch(worker_method):
     out = run_without_torch(f"""
         import numpy as np
         import minidl
-        from minidl.course import toy
+        from minidl_course import toy
         loader = minidl.DataLoader(toy.WorkerRandomDataset(12), batch_size=3, num_workers=2, shuffle=True,
                                    collate_fn=minidl.numpy_collate, worker_method={worker_method!r})
         batches = list(loader)

@@ -10,8 +10,8 @@ import torch.utils.data as tud  # noqa: E402
 from loadertools import TorchShardedRange  # noqa: E402
 
 import minidl  # noqa: E402
-from minidl.course import toy  # noqa: E402
 from minidl.worker import _generate_state  # noqa: E402
+from minidl_course import toy  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 

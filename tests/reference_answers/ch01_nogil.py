@@ -7,7 +7,7 @@ import time
 
 import numba
 
-from minidl.course.exercises.ch01_nogil import one_thread, two_threads
+from minidl_course.exercises.ch01_nogil import one_thread, two_threads
 
 
 @numba.njit(nogil=True, cache=False)

@@ -1,7 +1,0 @@
-"""``python -m minidl.bench``: the command line; see ``minidl.bench`` for usage and adding suites."""
-
-from minidl.bench.harness import main
-
-# The guard matters: under the spawn start method each Pool worker imports this module again.
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,165 @@
+"""The ``gpu`` suite: what pinned memory and PrefetchLoader's side stream buy on a CUDA machine.
+
+Tasks (the CSV's ``task`` column, with what its ``size`` counts), all timed on the GPU with CUDA events:
+
+* ``h2d-copy`` (images per batch, each 3x224x224 uint8): one host-to-device copy from pageable and
+  from pinned memory; the note gives the bandwidth in GB/s.
+* ``train-step`` (steps per epoch): an epoch of a stand-in training step, a few matmuls sized to take
+  about as long as one batch's copy, fed four ways: batches already on the GPU (no copy at all), copy
+  then step on one stream, and PrefetchLoader over pinned and over pageable batches. The note says
+  what fraction of the copy time the prefetcher hid.
+
+The batches come from a list of ready-made host tensors, not a DataLoader, so the host's loading time
+stays out of the numbers. Without CUDA the suite says it needs CUDA and records nothing.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from minidl_bench.harness import Session, Timing, missing
+
+REQUIRES = ("torch",)
+IMAGE_SHAPE = (3, 224, 224)  # an ImageNet-sized uint8 image
+COPY_BATCHES = (1, 4, 16, 64, 256)
+QUICK_COPY_BATCHES = (4, 32)
+STEP_BATCH, STEPS = 128, 16  # train-step: images per batch, batches per epoch
+QUICK_STEP_BATCH, QUICK_STEPS = 16, 6
+MATMULS = 4  # per training step
+
+
+def cuda_time(fn: Callable[[], object], repeats: int) -> Timing:
+    """Like ``harness.time_it``, but the GPU's time for the work ``fn`` queues, read from CUDA events."""
+    import torch
+
+    def once() -> float:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()  # start from an idle GPU, so nothing earlier is counted
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()  # the events are only readable once the GPU has passed them
+        return start.elapsed_time(end) / 1e3  # ms -> s
+
+    first = once()  # the warm-up: CUDA context, allocator and kernel caches
+    times = [once() for _ in range(repeats)]
+    return Timing(statistics.median(times), min(times), max(times), repeats, first)
+
+
+def run(session: Session) -> None:
+    """Measure ``h2d-copy`` and ``train-step``; save ``gpu_bandwidth.png`` and ``gpu_prefetch.png``."""
+    import torch
+
+    if not torch.cuda.is_available():
+        session.skip("the whole suite", "it needs CUDA, and torch.cuda.is_available() is False here")
+        return
+    session.log(f"[{session.suite}] device: {torch.cuda.get_device_name()}")
+    sizes, bandwidth = _h2d_copy(session, torch)
+    steps = _train_step(session, torch)
+    if missing("matplotlib"):
+        session.skip("plots", "matplotlib not installed")
+        return
+    from minidl_bench import plot
+
+    # Bandwidth is a size: line_plot starts its y-axis at zero (the x-axis spans decades: log).
+    fig = plot.line_plot(sizes, bandwidth, logx=True, title=f"Host-to-device copy, {torch.cuda.get_device_name()}",
+                         xlabel="batch size (3x224x224 uint8 images, log scale)", ylabel="bandwidth (GB/s)")
+    session.savefig(fig, "gpu_bandwidth.png")
+    # Bars from zero (log=False): the four epochs are within a few times of each other, and compare as lengths.
+    fig = plot.bar_times(steps, title=f"An epoch of a stand-in training step, fed four ways, "
+                         f"{torch.cuda.get_device_name()}", what="time per epoch", baseline="copy then step", log=False)
+    session.savefig(fig, "gpu_prefetch.png")
+
+
+def _h2d_copy(session: Session, torch) -> tuple[list[int], dict[str, list[float]]]:
+    sizes = list(QUICK_COPY_BATCHES if session.quick else COPY_BATCHES)
+    bandwidth: dict[str, list[float]] = {"pageable": [], "pinned": []}
+    for n in sizes:
+        pageable = torch.randint(0, 256, (n, *IMAGE_SHAPE), dtype=torch.uint8)
+        sources = {"pageable": pageable, "pinned": pageable.pin_memory()}
+        target = torch.empty_like(pageable, device="cuda")  # allocated once: only the copy is timed
+        for method, source in sources.items():
+            target.zero_()
+            target.copy_(source, non_blocking=True)
+            if not torch.equal(target.cpu(), pageable):
+                raise AssertionError(f"[{session.suite}] {method} copy of {n} images is wrong")
+            timing = cuda_time(lambda s=source, t=target: t.copy_(s, non_blocking=True), session.repeats)
+            gbps = pageable.nbytes / timing.median / 1e9
+            bandwidth[method].append(gbps)
+            session.record("h2d-copy", method, timing, size=n, baseline=method == "pageable",
+                           note=f"{pageable.nbytes / 1e6:.1f} MB, {gbps:.1f} GB/s")
+    return sizes, bandwidth
+
+
+def _train_step(session: Session, torch) -> dict[str, Timing]:
+    from minidl.prefetch import PrefetchLoader
+
+    n, steps = (QUICK_STEP_BATCH, QUICK_STEPS) if session.quick else (STEP_BATCH, STEPS)
+    g = torch.Generator().manual_seed(0)
+    pageable = [(torch.randint(0, 256, (n, *IMAGE_SHAPE), dtype=torch.uint8, generator=g), torch.arange(n))
+                for _ in range(steps)]
+    pinned = [(x.pin_memory(), y.pin_memory()) for x, y in pageable]
+    on_gpu = [(x.cuda(), y.cuda()) for x, y in pinned]
+    stats = PrefetchLoader([], device="cuda")  # its mean and std, so every path normalises alike
+
+    def normalise(x):
+        return x.float().sub_(stats.mean).div_(stats.std)
+
+    copy_time = cuda_time(lambda: pinned[0][0].to("cuda", non_blocking=True), session.repeats).median
+    weights = _sized_matmuls(torch, copy_time, session.repeats)
+
+    def step(x):
+        h = weights[0] * x.mean()  # the step reads its batch, so it has to wait for it
+        for w in weights:
+            h = h @ w
+        return h
+
+    def no_copy():
+        for x, _ in on_gpu:
+            step(normalise(x))
+
+    def copy_then_step():
+        for x, _ in pinned:
+            step(normalise(x.to("cuda", non_blocking=True)))
+
+    def prefetched(batches):
+        def epoch():
+            for x, _ in PrefetchLoader(batches, device="cuda"):
+                step(x)
+        return epoch
+
+    for (got, _), (x, _) in zip(PrefetchLoader(pinned, device="cuda"), on_gpu):
+        if not torch.equal(got, normalise(x)):
+            raise AssertionError(f"[{session.suite}] PrefetchLoader's batches differ from the plain copy's")
+    timings = {}
+    for method, fn in (("data already on GPU", no_copy), ("copy then step", copy_then_step),
+                       ("PrefetchLoader, pinned", prefetched(pinned)),
+                       ("PrefetchLoader, pageable", prefetched(pageable))):
+        timings[method] = cuda_time(fn, session.repeats)
+    copy_cost = timings["copy then step"].median - timings["data already on GPU"].median
+    for method, timing in timings.items():
+        note = f"{n} images/step, {MATMULS} matmuls of {weights.shape[-1]}^2"
+        if method.startswith("PrefetchLoader") and copy_cost > 0:
+            hidden = (timings["copy then step"].median - timing.median) / copy_cost
+            note += f"; hides {hidden:.0%} of the copy time"
+            session.log(f"[{session.suite}] {method} hides {hidden:.0%} of the {copy_cost * 1e3:.2f} ms an epoch "
+                        "spends copying")
+        session.record("train-step", method, timing, size=steps, baseline=method == "copy then step", note=note)
+    return timings
+
+
+def _sized_matmuls(torch, seconds: float, repeats: int):
+    """``MATMULS`` square weight matrices whose chained product takes about ``seconds`` on this GPU."""
+    side = 1024
+    for _ in range(2):  # time a guess, rescale by the cube law, check once more
+        weights = torch.randn(MATMULS, side, side, device="cuda") / side**0.5
+
+        def chain(weights=weights):
+            h = weights[0]
+            for w in weights:
+                h = h @ w
+
+        took = cuda_time(chain, repeats).median
+        side = int(min(max(side * (seconds / took) ** (1 / 3), 128), 16384)) // 64 * 64
+    return torch.randn(MATMULS, side, side, device="cuda") / side**0.5

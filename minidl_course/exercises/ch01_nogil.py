@@ -1,0 +1,265 @@
+"""Checker for exercise ch01: a Numba kernel that releases the GIL, and the speedup two threads get from it.
+
+The learner writes ``collatz_steps(start, stop)``, the total number of Collatz steps of the integers
+``start .. stop - 1`` (``start >= 1``), compiled with ``numba.njit(nogil=True)``; then ``thread_speedups(kernel,
+span, rounds)``, which times the same work on one thread and split over two in ``rounds`` interleaved rounds and
+returns each round's speedup; and reports ``speedup``, the median of what it returned. The checker checks the
+kernel's output, checks the timing function on two stand-in kernels whose speedup it knows, checks that a Python
+thread keeps running while the kernel does (the GIL really is released), then runs the learner's
+``thread_speedups`` on the learner's kernel and holds the reported ``speedup`` to what it measures there.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from minidl_course.exercises._common import _Checks
+from minidl_course.exercises._measure import agrees, as_number, close, measure_then_judge
+
+KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
+ROUNDS = 5
+GIL_FREE_FRACTION = 0.2  # a Python thread must make progress for at least this part of the kernel's run
+SPEEDUP_FACTOR = 1.3  # a reported speedup within this factor of the range your rounds spanned is accepted
+STANDIN_SECONDS = 0.05  # how long each half of a stand-in kernel sleeps, when a timing function is checked
+STANDIN_ROUNDS = 3
+
+
+def collatz_steps_python(start: int, stop: int) -> int:
+    """The total Collatz steps of ``start .. stop - 1``, in plain Python: the spec, slow and holding the GIL.
+
+    >>> collatz_steps_python(1, 2), collatz_steps_python(27, 28), collatz_steps_python(1, 8)
+    (0, 111, 39)
+    """
+    total = 0
+    for n in range(start, stop):
+        while n != 1:
+            n = n // 2 if n % 2 == 0 else 3 * n + 1
+            total += 1
+    return total
+
+
+def two_threads(kernel: Callable[[int, int], Any], start: int, stop: int) -> list[Any]:
+    """Run ``kernel`` on the two halves of ``start .. stop - 1`` in two threads at once; their results in order."""
+    middle = (start + stop) // 2
+    results: list[Any] = [None, None]
+
+    def half(k: int, a: int, b: int) -> None:
+        results[k] = kernel(a, b)
+
+    threads = [threading.Thread(target=half, args=(0, start, middle)),
+               threading.Thread(target=half, args=(1, middle, stop))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def one_thread(kernel: Callable[[int, int], Any], start: int, stop: int) -> list[Any]:
+    """The same two halves as ``two_threads``, one after the other in this thread."""
+    middle = (start + stop) // 2
+    return [kernel(start, middle), kernel(middle, stop)]
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What was measured: your ``thread_speedups`` on your kernel (each round's), and the checker's GIL test."""
+
+    speedups: list[float]  # one thread's time / two threads' time, per round, as your thread_speedups returned them
+    python_progress: float  # the part of the kernel's run during which a Python thread made progress
+    work: int  # integers per half
+
+    @property
+    def speedup(self) -> float:
+        return statistics.median(self.speedups)
+
+
+def calibrate(kernel: Callable[[int, int], Any], seconds: float = KERNEL_SECONDS) -> int:
+    """How many integers ``kernel`` gets through in about ``seconds`` (after a first, compiling call)."""
+    kernel(1, 100)
+    n = 1000
+    while True:
+        start = time.perf_counter()
+        kernel(1, 1 + n)
+        took = time.perf_counter() - start
+        if took > 0.02 or n > 1 << 26:
+            return max(1000, int(n * seconds / max(took, 1e-9)))
+        n *= 4
+
+
+def python_progress(kernel: Callable[[int, int], Any], work: int) -> float:
+    """The part of one ``kernel(1, 1 + work)`` call during which this (Python) thread kept counting.
+
+    First counts alone for 50 ms to learn its rate; then counts while a thread runs the kernel. A kernel that
+    holds the GIL stops the counting for as long as it runs: the result is near 0. One that releases it: near 1
+    (less when another process takes the core).
+    """
+    def count_while(thread: threading.Thread) -> tuple[int, float]:
+        count, start = 0, time.perf_counter()
+        thread.start()
+        while thread.is_alive():
+            count += 1
+        return count, time.perf_counter() - start
+
+    count, took = count_while(threading.Thread(target=time.sleep, args=(0.05,)))  # alone: the GIL is free
+    rate = count / took
+    count, took = count_while(threading.Thread(target=kernel, args=(1, 1 + work)))
+    return min(1.0, count / (rate * took))
+
+
+def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
+            rounds: int = ROUNDS) -> Measured:
+    """Test whether ``kernel`` releases the GIL, then run ``thread_speedups(kernel, span, rounds)`` on it."""
+    work = calibrate(kernel)
+    progress = python_progress(kernel, work)
+    if progress < GIL_FREE_FRACTION:  # it holds the GIL: two threads can't overlap, time one round only
+        rounds = 1
+    return Measured(_speedup_list(thread_speedups(kernel, 2 * work, rounds)), progress, work)
+
+
+def _speedup_list(got: Any) -> list[float]:
+    """``got`` as a list of floats; [] when it is not a list of positive numbers."""
+    if not isinstance(got, list | tuple):
+        return []
+    numbers = [as_number(x) for x in got]
+    return [x for x in numbers if x is not None and x > 0] if all(numbers) else []
+
+
+# Two stand-in kernels whose speedup is known whatever the machine's load: each call sleeps (no core needed) for a
+# time proportional to its range. One releases the GIL as it sleeps: two threads overlap, x2. The other sleeps
+# holding a lock, as a kernel holding the GIL would hold it: two threads take turns, x1.
+_TURNS = threading.Lock()
+
+
+def _overlapping(start: int, stop: int) -> int:
+    time.sleep((stop - start) * STANDIN_SECONDS / 1000)
+    return 0
+
+
+def _taking_turns(start: int, stop: int) -> int:
+    with _TURNS:
+        time.sleep((stop - start) * STANDIN_SECONDS / 1000)
+    return 0
+
+
+STANDINS = ((_overlapping, 2.0, "a stand-in kernel that sleeps, releasing the GIL: two threads overlap"),
+            (_taking_turns, 1.0, "a stand-in kernel that sleeps holding a lock: two threads take turns"))
+
+
+CASES = [(1, 3), (1, 8), (1, 2), (27, 28), (2, 3), (100, 200), (1, 1000), (5000, 5001), (999, 1000), (10, 10)]
+
+
+def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
+                speedup: Any, measure: Callable[[Callable, Callable], Measured] = measure) -> Measured:
+    """Check ch01: the kernel's output, your timing function, that the kernel releases the GIL, and ``speedup``.
+
+    ``thread_speedups(kernel, span, rounds)`` is your timing function: it runs on two stand-in kernels whose
+    speedup is known, then on your kernel; ``speedup`` must agree with what it measures there.
+    Prints what it measured. Raises AssertionError at the first problem, with a hint.
+    """
+    def check_first(checks: _Checks) -> None:
+        check_output(kernel, checks)
+        check_timer(thread_speedups, checks)
+
+    return measure_then_judge(
+        [kernel, thread_speedups], check_first, lambda: measure(kernel, thread_speedups),
+        lambda measured: (f"Measured: a Python thread ran during {measured.python_progress:.0%} of the kernel's run; "
+                          f"your thread_speedups on your kernel ({measured.work:,} integers per thread), per round: "
+                          + ", ".join(f"{x:.2f}" for x in measured.speedups)
+                          + (f"; median {measured.speedup:.2f}x" if measured.speedups else "")),
+        lambda measured, checks: judge(kernel, speedup, measured, checks))
+
+
+def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _Checks) -> None:
+    """Your ``thread_speedups`` on the two stand-ins: a list of ``rounds`` ratios, their median near x2 and x1."""
+    for standin, want, case in STANDINS:
+        try:
+            got = thread_speedups(standin, 2000, STANDIN_ROUNDS)
+        except Exception as e:
+            e.add_note(f"(raised by your thread_speedups, for {case})")
+            raise
+        if as_number(got) is not None:
+            checks.fail(case, f"thread_speedups returned one number, {got!r}",
+                        "return the list of the rounds' speedups (one per round); speedup is their median.")
+        ratios = _speedup_list(got)
+        if len(ratios) != STANDIN_ROUNDS:
+            checks.fail(case, f"thread_speedups(kernel, 2000, {STANDIN_ROUNDS}) should return {STANDIN_ROUNDS} "
+                        f"positive numbers, one per round, but it returned {got!r}",
+                        "time both ways in each of `rounds` rounds; return the list of the rounds' ratios.")
+        median = statistics.median(ratios)
+        if not (1.4 <= median <= 2.6 if want == 2 else 0.7 <= median <= 1.3):  # wide: a busy machine wakes late
+            hint = ("time the same span both ways in each round: one_thread(kernel, 1, 1 + span) and "
+                    "two_threads(kernel, 1, 1 + span); each round's ratio is one thread's time / two threads' time.")
+            if want == 2 and 1 / 2.6 <= median <= 1 / 1.4:
+                hint = ("you divided the other way round: one thread's time / two threads' time, above 1 if threads "
+                        "help.")
+            elif want == 1:
+                hint = ("two threads that take turns can't beat one: measure each round's times, don't assume a "
+                        "speedup.")
+            checks.fail(case, f"its speedup is about x{want:g}, but your thread_speedups gave a median of "
+                        f"{median:.2f}", hint)
+        checks.passed += 1
+
+
+def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
+    for start, stop in CASES:
+        want = collatz_steps_python(start, stop)
+        try:
+            got = kernel(start, stop)
+        except Exception as e:
+            e.add_note(f"(raised by your kernel, for collatz_steps({start}, {stop}))")
+            raise
+        if got != want:
+            hint = "count the steps of every n in range(start, stop), until n reaches 1."
+            if got == collatz_steps_python(start, stop + 1):
+                hint = "stop is excluded, as in range(start, stop)."
+            elif got == collatz_steps_python(start, stop) + (stop - start):
+                hint = "you count one step too many per number: a number that is already 1 takes 0 steps."
+            checks.fail(f"collatz_steps({start}, {stop})", f"should be {want}, but it is {got!r}", hint)
+        checks.passed += 1
+
+
+def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None = None) -> None:
+    """The verdict on the GIL test and the reported ``speedup``, from the checker's measurement alone."""
+    checks = checks or _Checks()
+    case = "the GIL test: a Python thread counting while your kernel runs in another"
+    if measured.python_progress < GIL_FREE_FRACTION:
+        options = getattr(kernel, "targetoptions", None)
+        if options is None:
+            hint = ("your kernel is plain Python, which holds the GIL: compile it with @numba.njit(nogil=True) "
+                    "(no Python objects inside).")
+        elif not options.get("nogil"):
+            hint = "compile it with @numba.njit(nogil=True): without nogil, Numba's code keeps the GIL while it runs."
+        else:
+            hint = "the machine may be very busy: run the checker again."
+        checks.fail(case, f"the Python thread ran during only {measured.python_progress:.0%} of your kernel's run",
+                    hint)
+    checks.passed += 1
+    case = f"your speedup, {speedup!r}, against what your thread_speedups measured just now"
+    number = as_number(speedup)
+    if number is None:
+        checks.fail(case, f"speedup should be a number, but it is {speedup!r}",
+                    "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).")
+    if number <= 0:
+        checks.fail(case, "a speedup is a positive number", "one thread's time / two threads' time.")
+    if not measured.speedups:
+        checks.fail(case, "your thread_speedups returned no list of positive numbers for your kernel",
+                    "return one speedup per round, as it did for the stand-in kernels.")
+    if not agrees(number, measured.speedups, SPEEDUP_FACTOR):
+        low, high = min(measured.speedups), max(measured.speedups)
+        hint = ("set speedup from what your thread_speedups returned on this machine (the median of its rounds), "
+                "not a number from elsewhere; if the machine got busier or quieter since, run your cell and this "
+                "one again.")
+        if close(1 / number, measured.speedup, SPEEDUP_FACTOR) and number < 1:
+            hint = ("you divided the other way round: speedup = one thread's time / two threads' time, above 1 if "
+                    "threads help.")
+        elif number == 2:
+            hint = "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."
+        checks.fail(case, f"your rounds here ran from x{low:.2f} to x{high:.2f}: {number} is more than "
+                    f"{SPEEDUP_FACTOR}x outside that", hint)
+    checks.passed += 1

@@ -1,0 +1,145 @@
+"""Checker for ch04_slow_sample: find, from a loader's trace, the one sample that makes an epoch slow (notebook 04).
+
+The learner's ``find_slow_sample(loader)`` gets a traced DataLoader whose dataset does not say which sample is
+slow. The checker times every sample itself, ``dataset[i]`` one by one, and compares.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from minidl.dataloader import DataLoader
+from minidl.dataset import Dataset
+from minidl_course.exercises._common import _Checks, _short, _torch, refuse_reference
+
+SECRETS = ("slow_index", "slow_delay", "delay")  # what a dataset that knows it is slow would give away
+# ...and the instance's namespace, which holds them: `dataset.__dict__[...]`, vars(dataset) and dir(dataset)
+# all read it through __getattribute__.
+PEEKED_THROUGH = SECRETS + ("__dict__",)
+
+
+class SlowSampleDataset(Dataset):
+    """Items ``0 .. n-1``; each takes ``delay`` seconds, except ``slow_index``, which takes ``slow_delay``.
+
+    Reading ``slow_index`` (or the delays, or the instance ``__dict__`` that holds them) from outside is noted
+    in ``peeks``: a real dataset doesn't know which of its samples is slow, so an answer must come from
+    measuring. A tripwire for an honest shortcut, not a sandbox: ``object.__getattribute__`` or ``gc`` get past it.
+    """
+
+    def __init__(self, n: int, slow_index: int, delay: float = 0.002, slow_delay: float = 0.08) -> None:
+        self.n, self.slow_index, self.delay, self.slow_delay = n, slow_index, delay, slow_delay
+        self.peeks: list[str] = []
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in PEEKED_THROUGH:
+            object.__getattribute__(self, "peeks").append(name)
+        return object.__getattribute__(self, name)
+
+    def __reduce__(self) -> tuple:
+        # How a worker gets its copy (pickled under spawn): from the constructor's arguments, read as the
+        # dataset's own, so sending it to a worker is not a peek.
+        get = object.__getattribute__
+        return type(self), (get(self, "n"), get(self, "slow_index"), get(self, "delay"), get(self, "slow_delay"))
+
+    def __len__(self) -> int:
+        return object.__getattribute__(self, "n")
+
+    def __getitem__(self, index: int) -> int:
+        get = object.__getattribute__  # the dataset's own reads are not peeks
+        if not 0 <= index < get(self, "n"):
+            raise IndexError(f"index {index} out of range for a dataset of {get(self, 'n')}")
+        time.sleep(get(self, "slow_delay") if index == get(self, "slow_index") else get(self, "delay"))
+        return index
+
+
+def slow_loader(n: int = 48, slow_index: int = 29, batch_size: int = 4, num_workers: int = 2,
+                shuffle: bool = False, seed: int = 0) -> DataLoader:
+    """A traced DataLoader over ``SlowSampleDataset(n, slow_index)``: an epoch held up by one sample."""
+    generator = _torch().Generator().manual_seed(seed) if shuffle else None
+    return DataLoader(SlowSampleDataset(n, slow_index), batch_size=batch_size, num_workers=num_workers,
+                      shuffle=shuffle, generator=generator, trace=True)
+
+
+# (n, slow index, batch size, workers, shuffle): workers or not, shuffled or not
+CASES = ((24, 17, 4, 0, False), (32, 5, 4, 2, False), (32, 22, 3, 2, True), (20, 0, 5, 1, True))
+
+
+def measure(dataset: SlowSampleDataset) -> list[float]:
+    """Seconds each ``dataset[i]`` takes, timed one at a time in this process: the checker's own measurement."""
+    times = []
+    for i in range(len(dataset)):
+        start = time.perf_counter()
+        dataset[i]
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
+    """Check ch04_slow_sample: ``find_slow_sample(loader)`` names the slow sample of each of a few traced loaders.
+
+    Each loader has its own slow sample; the checker times every sample itself and says what it measured.
+    Raises AssertionError explaining the first mismatch; prints what it measured and ``All N checks passed``.
+    """
+    refuse_reference(find_slow_sample)
+    checks = _Checks()
+    report = []
+    for n, slow, batch_size, workers, shuffle in CASES:
+        loader = slow_loader(n, slow, batch_size, workers, shuffle, seed=n)
+        dataset = loader.dataset
+        case = (f"a traced DataLoader over {n} samples, batch_size={batch_size}, num_workers={workers}, "
+                f"shuffle={shuffle}")
+        try:
+            answer = find_slow_sample(loader)
+        except ValueError as e:
+            if "trace is empty" in str(e):
+                checks.fail(case, f"diagnose() raised ValueError: {e}",
+                            "the trace fills as the loader runs: iterate over the loader (one epoch) first, then read "
+                            "loader.trace.")
+            e.add_note(f"(raised by your find_slow_sample, for {case})")
+            raise
+        except Exception as e:
+            e.add_note(f"(raised by your find_slow_sample, for {case})")
+            raise
+        if dataset.peeks:
+            checks.fail(case, f"your function read the dataset's {dataset.peeks[0]!r}",
+                        "a dataset doesn't know which sample is slow; the loader's trace does: find it there, by "
+                        "measuring, as you would on your own data.")
+        times = measure(dataset)
+        slowest = max(range(n), key=times.__getitem__)
+        typical = statistics.median(times)
+        measured = (f"I timed each of the {n} samples myself: sample {slowest} took {times[slowest] * 1e3:.0f} ms, "
+                    f"the median {typical * 1e3:.1f} ms")
+        if type(answer) is not int:
+            checks.fail(case, f"your function returned {_short(answer)}",
+                        "return the sample's index as a plain int, e.g. int(row['index']).")
+        if answer != slowest:
+            checks.fail(case, f"your function said sample {answer}, but {measured}",
+                        _wrong_answer_hint(loader, answer, slowest, batch_size, shuffle))
+        report.append(f"  {case}: sample {slowest}, {times[slowest] * 1e3:.0f} ms (median {typical * 1e3:.1f} ms)")
+        checks.passed += 1
+    print("What I measured, timing every sample myself; your function named the slow one each time:")
+    print("\n".join(report))
+    checks.done()
+
+
+def _wrong_answer_hint(loader: DataLoader, answer, slowest: int, batch_size: int, shuffle: bool) -> str:
+    rows = loader.trace.rows() if loader.trace is not None else []
+    getitems = [r for r in rows if r["event"] == "getitem"]
+    slow_row = next((r for r in getitems if r.get("index") == slowest), None)
+    if slow_row is not None and answer == slow_row["batch"]:
+        return (f"{answer} is the number of the batch that held the slow sample; each getitem row carries the "
+                "sample's own index in row['index'].")
+    if getitems and answer == max(getitems, key=lambda r: r["start"]).get("index"):
+        return ("that sample started last, it wasn't the slowest: a row's duration is row['end'] - row['start']; "
+                "take the getitem row with the longest one.")
+    if slow_row is not None and shuffle:
+        same_batch = [r for r in getitems if r["batch"] == slow_row["batch"]]
+        position = slow_row["batch"] * batch_size + same_batch.index(slow_row)
+        if answer == position:
+            return ("this loader shuffles: a sample's place in the epoch is not its index. Read the index the getitem "
+                    "row carries, row['index'].")
+    return ("look at the getitem rows of loader.trace.rows(): the one with the longest end - start is the slow "
+            "sample, and row['index'] is its index.")

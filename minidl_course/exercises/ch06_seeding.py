@@ -1,0 +1,191 @@
+"""Checker for ch06_seeding: a loader whose workers all draw the same random numbers, and the fix (notebook 06).
+
+``AugmentedDataset`` makes its NumPy generator in ``__init__``, so every worker starts from a copy of the same
+state and draws the same "random" augmentations. The learner's ``worker_init_fn`` reseeds each worker's copy.
+The checker calls it as workers of two epochs would, then runs it in minidl's and torch's DataLoaders and looks
+for draws that repeat across workers, across epochs, and between two runs with the same seed.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from minidl.dataset import Dataset
+from minidl_course.exercises._common import Tripwire, _Checks, _loaders, _torch, refuse_reference, run_watched, watch
+from minidl_course.exercises.ch06_sharding import NONE_INFO, SeenInfo, as_worker
+
+
+class AugmentedDataset(Dataset):
+    """Item ``i`` is ``(i, a random draw)``, as a random augmentation would make; draws come from ``self.rng``.
+
+    The bug is on purpose: ``self.rng`` is created once, here, so each worker gets a copy in the same state.
+
+    >>> ds = AugmentedDataset(4)
+    >>> [round(draw, 3) for _, draw in (ds[0], ds[1])]
+    [0.676, 0.214]
+    """
+
+    def __init__(self, n: int, seed: int = 2024) -> None:
+        self.n = n
+        self.rng = np.random.default_rng(seed)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[int, float]:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for AugmentedDataset({self.n})")
+        return index, float(self.rng.random())
+
+
+class _NoRng:
+    """What a check hands out as ``info.rng``: reading it is noted, as it is the loader's own fix."""
+
+
+DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: derive a seed from info.seed and "
+             "give the dataset a generator of its own; that is what this exercise practises.")
+
+
+def _library_seeding() -> dict:
+    from minidl_course import toy
+
+    return watch({"called toy.seed_numpy_from_worker": (toy.seed_numpy_from_worker,)})
+
+
+def _draws(dataset: Any, k: int = 4) -> list[float]:
+    rng = dataset.rng
+    if isinstance(rng, np.random.Generator):
+        return [float(x) for x in rng.random(k)]
+    if isinstance(rng, np.random.RandomState):
+        return [float(x) for x in rng.random_sample(k)]
+    return [float(dataset[0][1]) for _ in range(k)]
+
+
+def _as_worker_of(worker_init_fn, worker_id: int, num_workers: int, seed: int, case: str,
+                  checks: _Checks) -> tuple[AugmentedDataset, SeenInfo, bool]:
+    """Call ``worker_init_fn`` as worker ``worker_id`` whose seed is ``seed``; return its dataset and what it read."""
+    dataset = AugmentedDataset(8)
+    info = SeenInfo(worker_id, num_workers, seed, dataset)
+    info._fields["rng"] = _NoRng()
+    np_global = np.random.get_state()
+
+    def call():
+        with as_worker(info):
+            try:
+                worker_init_fn(worker_id)
+            except AttributeError as e:
+                if "NoneType" in str(e):
+                    checks.fail(case, f"your worker_init_fn raised AttributeError: {e}", NONE_INFO)
+                e.add_note(f"(raised by your worker_init_fn, for {case})")
+                raise
+            except Exception as e:
+                e.add_note(f"(raised by your worker_init_fn, for {case})")
+                raise
+
+    try:
+        run_watched(Tripwire(_library_seeding()), call,
+                    lambda what: checks.fail(case, f"your worker_init_fn {what}",
+                                             "toy.seed_numpy_from_worker reseeds NumPy's global stream: the "
+                                             "library's fix for a dataset that draws from it. " + DELEGATED.format(
+                                                 "leans on it instead of reseeding the dataset's own generator")))
+        if "rng" in info.read:
+            checks.fail(case, "your worker_init_fn read get_worker_info().rng", DELEGATED.format("used info.rng"))
+        touched_global = not _same_state(np_global, np.random.get_state())
+    finally:
+        np.random.set_state(np_global)
+    return dataset, info, touched_global
+
+
+def _same_state(a, b) -> bool:
+    return a[0] == b[0] and np.array_equal(a[1], b[1]) and a[2:] == b[2:]
+
+
+def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
+    """Check ch06_seeding: after ``worker_init_fn``, workers draw different numbers, new ones each epoch, reproducibly.
+
+    Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
+    """
+    refuse_reference(worker_init_fn)
+    checks = _Checks()
+    untouched = _draws(AugmentedDataset(8))  # what every worker draws without a fix
+    for base_seed, num_workers in ((1234, 2), (98765, 3), (2**40 + 7, 2)):
+        case = f"AugmentedDataset(8) in {num_workers} workers whose base seed is {base_seed}"
+        draws = []
+        for worker_id in range(num_workers):
+            seed = base_seed + worker_id  # what the loader gives worker k, as torch does
+            where = f"{case}, worker {worker_id} (info.seed={seed})"
+            dataset, info, touched_global = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)
+            got = _draws(dataset)
+            if got == untouched:
+                if touched_global:
+                    hint = ("you reseeded NumPy's global stream, but this dataset draws from its own generator, "
+                            "dataset.rng: reseed that one, get_worker_info().dataset.rng.")
+                elif "dataset" not in info.read:
+                    hint = ("reseed the worker's own copy, get_worker_info().dataset: a dataset from the notebook "
+                            "is not the one the worker draws from.")
+                else:
+                    hint = ("give the worker's dataset a new generator: dataset.rng = np.random.default_rng(a seed "
+                            "made from info.seed).")
+                checks.fail(where, f"the dataset still draws {got[:2]}..., as it did before your worker_init_fn: "
+                                   "every worker would draw these same numbers", hint)
+            again, _, _ = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)
+            if _draws(again) != got:
+                checks.fail(where, f"called twice with the same info.seed, your worker_init_fn gave draws {got[:2]}... "
+                                   f"and then {_draws(again)[:2]}...",
+                            "seed from info.seed, not from the clock or the OS: then a run can be repeated exactly.")
+            draws.append(got)
+            checks.passed += 1
+        for k in range(1, num_workers):
+            if draws[k] == draws[0]:
+                checks.fail(case, f"workers 0 and {k} draw the same numbers: {draws[0][:2]}...",
+                            "make the seed depend on the worker: info.seed already differs from worker to worker.")
+    next_epoch, _, _ = _as_worker_of(worker_init_fn, 0, 2, 555, "worker 0 of another epoch (info.seed=555)", checks)
+    first_epoch, _, _ = _as_worker_of(worker_init_fn, 0, 2, 1234, "worker 0 (info.seed=1234)", checks)
+    if _draws(next_epoch) == _draws(first_epoch):
+        checks.fail("worker 0 in two epochs (info.seed 1234, then 555)",
+                    f"worker 0 draws {_draws(first_epoch)[:2]}... in both",
+                    "each epoch's workers get a new info.seed; derive the generator's seed from it, not from "
+                    "worker_id alone, or every epoch repeats the same augmentations.")
+    checks.passed += 1
+    for name, loader_cls in _loaders():
+        _check_in_loader(worker_init_fn, name, loader_cls, checks)
+        checks.passed += 1
+    checks.done()
+
+
+def _epoch_draws(loader_cls, worker_init_fn, seed: int, epochs: int = 2) -> list[list[float]]:
+    torch = _torch()
+    loader = loader_cls(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=worker_init_fn,
+                        generator=torch.Generator().manual_seed(seed))
+    return [[float(x) for _, draws in loader for x in draws] for _ in range(epochs)]
+
+
+def _check_in_loader(*args) -> None:
+    with warnings.catch_warnings():  # 3 workers on a 2-core machine: the loaders warn, and the check knows
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        _check_in_loader_quietly(*args)
+
+
+def _check_in_loader_quietly(worker_init_fn, name: str, loader_cls, checks: _Checks) -> None:
+    case = f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=yours)"
+    try:
+        first, second = _epoch_draws(loader_cls, worker_init_fn, seed=7)
+        again = _epoch_draws(loader_cls, worker_init_fn, seed=7)
+    except Exception as e:
+        if "NoneType" in str(e):
+            checks.fail(case, f"the loader raised {type(e).__name__}: {str(e).splitlines()[-1]}", NONE_INFO)
+        raise
+    repeated = [x for x in set(first) if first.count(x) > 1]
+    if repeated:
+        checks.fail(case, f"the draw {repeated[0]:.6f} came {first.count(repeated[0])} times in one epoch",
+                    "each worker needs a generator of its own, seeded from get_worker_info().seed.")
+    if set(first) & set(second):
+        checks.fail(case, "the second epoch repeated draws of the first",
+                    "derive the seed from info.seed, which changes every epoch.")
+    if [first, second] != again:
+        checks.fail(case, "two runs with generator=torch.Generator().manual_seed(7) drew different numbers",
+                    "seed from info.seed only, so that the loader's generator decides everything.")

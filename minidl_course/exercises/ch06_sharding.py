@@ -1,0 +1,227 @@
+"""Checker for ch06_sharding: a ``worker_init_fn`` that gives each worker its own part of a stream (notebook 06).
+
+An IterableDataset is copied into every worker, and each copy streams everything: N workers, N copies of each
+sample. The learner's ``worker_init_fn`` narrows each copy's ``start``/``end``. The checker calls it as a worker
+would, then runs it in minidl's and torch's DataLoaders with 1 to 3 workers: every sample must come exactly once.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import random
+import sys
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from minidl_course.exercises._common import Tripwire, _Checks, _loaders, refuse_reference, run_watched, watch
+
+
+def range_stream(start: int, end: int):
+    """A ``RangeStream(start, end)``: a torch IterableDataset of ``start .. end-1`` that doesn't shard itself."""
+    from minidl_course.exercises.ch06_streams import RangeStream
+
+    return RangeStream(start, end)
+
+
+class SeenInfo:
+    """A stand-in for the WorkerInfo a worker sees, noting which of its attributes were read."""
+
+    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any) -> None:  # noqa: A002 -- torch's name
+        self._fields = {"id": id, "num_workers": num_workers, "seed": seed, "dataset": dataset, "rng": None,
+                        "worker_method": "multiprocessing"}
+        self.read: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        fields = self.__dict__["_fields"]
+        if name not in fields:
+            raise AttributeError(name)
+        self.__dict__["read"].append(name)
+        return fields[name]
+
+
+@contextmanager
+def as_worker(info: Any) -> Iterator[None]:
+    """Make ``torch.utils.data.get_worker_info()`` return ``info`` here, as it does inside a worker."""
+    import torch.utils.data._utils.worker as torch_worker
+
+    saved = torch_worker._worker_info
+    torch_worker._worker_info = info
+    try:
+        yield
+    finally:
+        torch_worker._worker_info = saved
+
+
+def call_as_worker(worker_init_fn: Callable[[int], None], dataset: Any, worker_id: int = 0, num_workers: int = 1,
+                   seed: int = 0) -> Any:
+    """Call ``worker_init_fn(worker_id)`` here, as worker ``worker_id`` of ``num_workers`` would; return ``dataset``.
+
+    ``torch.utils.data.get_worker_info()`` returns the worker's info meanwhile, with ``dataset`` as its copy.
+    """
+    with as_worker(SeenInfo(worker_id, num_workers, seed, dataset)):
+        worker_init_fn(worker_id)
+    return dataset
+
+
+def _sharding_cases() -> Iterator[tuple[int, int, int]]:
+    """(start, end, num_workers): small readable ones, then seeded random ones."""
+    yield 0, 10, 1
+    yield 0, 10, 2
+    yield 0, 10, 3  # 10 items, 3 workers: shards of 4, 4 and 2
+    yield 5, 12, 3  # not starting at 0
+    yield 0, 2, 3  # more workers than items: one worker gets nothing
+    yield 4, 4, 2  # an empty stream
+    rng = random.Random(0)
+    for _ in range(20):
+        start = rng.randint(0, 20)
+        yield start, start + rng.randint(0, 30), rng.randint(1, 6)
+
+
+DELEGATED = ("your worker_init_fn {0}: set this worker's start and end on get_worker_info().dataset yourself; that "
+             "is what this exercise practises.")
+NONE_INFO = ("call torch.utils.data.get_worker_info() (minidl's workers set it too); minidl.get_worker_info() "
+             "is set only by minidl's own workers, so under torch's DataLoader it returns None.")
+
+
+def _library_sharding() -> dict:
+    from minidl_course import toy
+
+    targets = {"ran minidl's self-sharding toy.ShardedRange": (toy.ShardedRange,)}
+    try:
+        from torch.utils.data import graph_settings
+
+        targets["called torch's apply_sharding"] = (graph_settings.apply_sharding,)
+    except ImportError:  # pragma: no cover -- older torch
+        pass
+    return watch(targets)
+
+
+def _self_sharding() -> type:
+    from minidl_course import toy
+
+    return toy.ShardedRange
+
+
+def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
+    """Check ch06_sharding: ``worker_init_fn(worker_id)`` shards a ``RangeStream`` so each sample comes once.
+
+    Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
+    """
+    refuse_reference(worker_init_fn)
+    checks = _Checks()
+    for start, end, num_workers in _sharding_cases():
+        _check_shards(worker_init_fn, start, end, num_workers, checks)
+        checks.passed += 1
+    _check_importable(worker_init_fn, checks)
+    for name, loader_cls in _loaders():
+        for num_workers in (1, 2, 3):
+            _check_in_loader(worker_init_fn, name, loader_cls, num_workers, checks)
+            checks.passed += 1
+    checks.done()
+
+
+def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, checks: _Checks) -> None:
+    from minidl_course.exercises.ch06_streams import RangeStream
+
+    case = f"RangeStream({start}, {end}) with num_workers={num_workers}"
+    shards = []
+    for worker_id in range(num_workers):
+        dataset = RangeStream(start, end)  # each worker has its own copy
+        info = SeenInfo(worker_id, num_workers, seed=1000 + worker_id, dataset=dataset)
+        where = f"{case}, worker {worker_id}"
+
+        def call(worker_id=worker_id, info=info, where=where):
+            with as_worker(info):
+                try:
+                    worker_init_fn(worker_id)
+                except AttributeError as e:
+                    if "NoneType" in str(e):
+                        checks.fail(where, f"your worker_init_fn raised AttributeError: {e}", NONE_INFO)
+                    e.add_note(f"(raised by your worker_init_fn, for {where})")
+                    raise
+                except Exception as e:
+                    e.add_note(f"(raised by your worker_init_fn, for {where})")
+                    raise
+
+        run_watched(Tripwire(_library_sharding()), call,
+                    lambda what, where=where: checks.fail(where, f"your worker_init_fn {what}", DELEGATED.format(what)))
+        if isinstance(dataset, _self_sharding()):
+            checks.fail(where, "your worker_init_fn turned the dataset into minidl's toy.ShardedRange",
+                        DELEGATED.format("swapped in minidl's own self-sharding dataset"))
+        if type(dataset) is not RangeStream or "__iter__" in vars(dataset):
+            checks.fail(where, f"your worker_init_fn replaced the dataset's iteration (it is now a "
+                               f"{type(dataset).__name__})",
+                        "keep the dataset's own class and __iter__, and set only its start and end for this worker; "
+                        "that is what this exercise practises.")
+        if num_workers > 1 and "dataset" not in info.read and (dataset.start, dataset.end) == (start, end):
+            checks.fail(where, "your worker_init_fn never read get_worker_info().dataset, and the worker's dataset "
+                               f"still streams all of {start} .. {end - 1}",
+                        "each worker has its own copy of the dataset, get_worker_info().dataset: change that one; "
+                        "changing a dataset from the notebook does nothing to the copies the workers stream.")
+        shards.append((worker_id, dataset.start, dataset.end))
+    _compare_shards(shards, start, end, num_workers, case, checks)
+
+
+def _compare_shards(shards, start: int, end: int, num_workers: int, case: str, checks: _Checks) -> None:
+    counts = Counter(i for _, lo, hi in shards for i in range(lo, hi))
+    described = ", ".join(f"worker {w}: [{lo}, {hi})" for w, lo, hi in shards)
+    outside = sorted(i for i in counts if not start <= i < end)
+    if outside:
+        checks.fail(case, f"your shards are {described}; sample {outside[0]} is not in the stream",
+                    f"the shards must split [start, end) = [{start}, {end}) and stay inside it.")
+    twice = sorted(i for i, c in counts.items() if c > 1)
+    if twice and num_workers > 1 and all((lo, hi) == (start, end) for _, lo, hi in shards):
+        checks.fail(case, f"every worker kept the whole range: {described}",
+                    "set info.dataset.start and info.dataset.end to this worker's part, from info.id and "
+                    "info.num_workers.")
+    if twice:
+        who = [f"worker {w}" for w, lo, hi in shards if lo <= twice[0] < hi]
+        hint = "the shards must not overlap: worker k's part ends where worker k + 1's begins."
+        if any(hi == end for _, _, hi in shards[:-1]):
+            hint = "set the end of each worker's part as well as its start: only the last part runs to the end."
+        checks.fail(case, f"your shards are {described}; sample {twice[0]} is in {' and '.join(who)}", hint)
+    missing = [i for i in range(start, end) if i not in counts]
+    if missing:
+        hint = "every sample must belong to some worker."
+        if missing[-1] == end - 1:
+            hint = (f"the last samples belong to no worker: with {end - start} samples and {num_workers} workers, "
+                    "round the shard size up, -(-(end - start) // num_workers), and cap each end at end.")
+        checks.fail(case, f"your shards are {described}; sample {missing[0]} is in none of them", hint)
+
+
+def _check_importable(worker_init_fn, checks: _Checks) -> None:
+    main = sys.modules.get("__main__")
+    in_cell = getattr(worker_init_fn, "__module__", None) == "__main__" and not hasattr(main, "__file__")
+    if in_cell and multiprocessing.get_start_method() != "fork":
+        checks.fail(f"{worker_init_fn.__name__!r}, defined in this notebook",
+                    f"workers started with {multiprocessing.get_start_method()} can't import a function defined "
+                    "in a notebook cell",
+                    "write it into a module file and import it from there (exercise ch05_worker_loop shows how).")
+
+
+def _check_in_loader(*args) -> None:
+    with warnings.catch_warnings():  # 3 workers on a 2-core machine: the loaders warn, and the check knows
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        _check_in_loader_quietly(*args)
+
+
+def _check_in_loader_quietly(worker_init_fn, name: str, loader_cls, num_workers: int, checks: _Checks) -> None:
+    stream = range_stream(3, 20)
+    case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
+    try:
+        got = [int(x) for batch in loader_cls(stream, batch_size=2, num_workers=num_workers,
+                                              worker_init_fn=worker_init_fn) for x in batch]
+    except Exception as e:
+        if "NoneType" in str(e):
+            checks.fail(case, f"the loader raised {type(e).__name__}: {str(e).splitlines()[-1]}", NONE_INFO)
+        e.add_note(f"(raised by the loader running your worker_init_fn, for {case})")
+        raise
+    counts = Counter(got)
+    twice = sorted(i for i, c in counts.items() if c > 1)
+    missing = [i for i in range(3, 20) if i not in counts]
+    if twice or missing or len(got) != 17:
+        what = f"sample {twice[0]} came {counts[twice[0]]} times" if twice else f"sample {missing[0]} never came"
+        checks.fail(case, f"{what} (all: {sorted(got)})", "each of 3 .. 19 must come exactly once.")

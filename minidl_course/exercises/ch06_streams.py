@@ -1,0 +1,27 @@
+"""The stream datasets of the ch06 exercises, as torch ``IterableDataset``s so that torch's DataLoader takes them too.
+
+Imported only when a ch06 check or helper runs: ``import minidl_course.exercises`` needs NumPy alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch.utils.data
+
+
+class RangeStream(torch.utils.data.IterableDataset):
+    """Streams ``start .. end-1``. It doesn't shard itself: with workers, each replays all of it unless told otherwise.
+
+    >>> list(RangeStream(3, 6))
+    [3, 4, 5]
+    """
+
+    def __init__(self, start: int, end: int) -> None:
+        self.start, self.end = start, end
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.start, self.end))
+
+    def __repr__(self) -> str:
+        return f"RangeStream({self.start}, {self.end})"

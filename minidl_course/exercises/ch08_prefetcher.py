@@ -1,0 +1,244 @@
+"""Checker for ch08_prefetcher: a generator that stays one batch ahead and normalises images (notebook 08).
+
+The expected batches come from the spec's formula, computed in float64; the reference answer is in the
+solution notebook, and a prefetcher that only wraps ``minidl.prefetch.PrefetchLoader`` is refused.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from minidl.dataloader import DataLoader
+from minidl_course.exercises._common import (
+    Tripwire,
+    _Checks,
+    _short,
+    _torch,
+    _type_name,
+    refuse_reference,
+    run_watched,
+    watch,
+)
+
+
+def make_image_batches(n_batches: int, batch_size: int = 4, channels: int = 3, size: tuple[int, int] = (4, 4),
+                       seed: int = 0) -> list[tuple[Any, Any]]:
+    """``n_batches`` batches ``(uint8 images (B, C, H, W), int64 targets)``; targets number the samples 0, 1, ...
+
+    >>> [(tuple(x.shape), x.dtype, y.tolist()) for x, y in make_image_batches(2, batch_size=2, size=(3, 3))]
+    [((2, 3, 3, 3), torch.uint8, [0, 1]), ((2, 3, 3, 3), torch.uint8, [2, 3])]
+    """
+    torch = _torch()
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randint(0, 256, (batch_size, channels, *size), dtype=torch.uint8, generator=g),
+             torch.arange(k * batch_size, (k + 1) * batch_size)) for k in range(n_batches)]
+
+
+class RecordingLoader:
+    """A loader over ready-made batches that notes each batch it hands out in ``log`` ("fetch 0", ...).
+
+    Others may append to the same ``log`` (a consumer's "yield 0"), to see in which order things happened.
+
+    >>> loader = RecordingLoader(["a", "b"])
+    >>> list(loader), loader.log
+    (['a', 'b'], ['fetch 0', 'fetch 1'])
+    """
+
+    def __init__(self, batches: Sequence[Any], log: list[str] | None = None) -> None:
+        self.batches = batches
+        self.log = [] if log is None else log
+        self.fetched = 0  # batches handed out so far, over all passes
+        self.passes = 0  # how many times iteration started
+
+    def __iter__(self) -> Iterator[Any]:
+        self.passes += 1
+        for k, batch in enumerate(self.batches):
+            self.log.append(f"fetch {k}")
+            self.fetched += 1
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+
+DELEGATED = ("your prefetcher hands the work to {0}: write the hold-one-back loop yourself; that is what this "
+             "exercise practises.")
+
+
+def _library_prefetchers() -> dict:
+    from minidl.prefetch import PrefetchLoader
+
+    return watch({"minidl's PrefetchLoader": (PrefetchLoader,)})
+
+
+def _prefetch_cases() -> Iterator[tuple[str, list[tuple[Any, Any]], list[float], list[float]]]:
+    """(description, batches, mean, std): small readable cases first, then seeded random ones."""
+    imagenet = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+    yield "3 batches of 2 images, 3x4x4, ImageNet statistics", make_image_batches(3, 2), *imagenet
+    yield "1 batch", make_image_batches(1, 2), *imagenet
+    yield "2 batches", make_image_batches(2, 3, seed=1), *imagenet
+    yield "an empty loader (no batches)", [], *imagenet
+    yield "5 batches of 1 grey image, 1x2x3", make_image_batches(5, 1, 1, (2, 3), seed=2), [0.5], [0.25]
+    rng = random.Random(0)
+    for seed in range(30):
+        n, size, channels = rng.randint(0, 7), rng.randint(1, 4), rng.choice((1, 3))
+        shape = (rng.randint(1, 5), rng.randint(1, 5))
+        mean = [round(rng.uniform(0.2, 0.8), 3) for _ in range(channels)]
+        std = [round(rng.uniform(0.1, 0.4), 3) for _ in range(channels)]
+        description = f"{n} batches of {size} images, {channels}x{shape[0]}x{shape[1]}, make_image_batches seed {seed}"
+        yield description, make_image_batches(n, size, channels, shape, seed=seed), mean, std
+
+
+def check_prefetcher(prefetcher: Callable[..., Iterable[Any]]) -> None:
+    """Check ch08_prefetcher: ``prefetcher(loader, mean, std)`` (a generator function or a class) against the spec.
+
+    On each case it must yield every batch once, in order, normalised by the spec's formula, and fetch batch
+    k + 1 (never k + 2) before handing out batch k. Then it runs over a ``minidl.DataLoader``. Raises
+    AssertionError explaining the first mismatch; prints ``All N checks passed``.
+    """
+    refuse_reference(prefetcher)
+    checks = _Checks()
+    for description, batches, mean, std in _prefetch_cases():
+        _check_prefetch_case(prefetcher, description, batches, mean, std, checks)
+        checks.passed += 1
+    _check_prefetcher_with_dataloader(prefetcher, checks)
+    checks.done()
+
+
+def expected_outputs(batches, mean, std) -> list[tuple[Any, Any]]:
+    """The spec's formula, in float64 then rounded to float32: ``(x - 255 mean[c]) / (255 std[c])`` per channel."""
+    torch = _torch()
+    out = []
+    for images, targets in batches:
+        shape = (1, len(mean), 1, 1)
+        centre = torch.tensor(mean, dtype=torch.float64).view(shape) * 255
+        spread = torch.tensor(std, dtype=torch.float64).view(shape) * 255
+        out.append((((images.to(torch.float64) - centre) / spread).to(torch.float32), targets))
+    return out
+
+
+def _check_prefetch_case(prefetcher, description, batches, mean, std, checks: _Checks) -> None:
+    case = f"{description}, mean={mean}, std={std}"
+    expected = expected_outputs(batches, mean, std)
+    untouched = [(x.clone(), y.clone()) for x, y in batches]
+    log: list[str] = []
+    loader = RecordingLoader(batches, log)
+    got = []
+    run_watched(Tripwire(_library_prefetchers()),
+                lambda: _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, checks),
+                lambda what: checks.fail(case, f"your prefetcher used {what}", DELEGATED.format(what)))
+    _check_prefetch_result(loader, batches, untouched, got, expected, mean, std, case, checks)
+
+
+def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, checks: _Checks) -> None:
+    try:
+        for k, item in enumerate(prefetcher(loader, mean, std)):
+            log.append(f"yield {k}")
+            fetched_then = loader.fetched
+            got.append(item)
+            if k + 1 < len(batches) and fetched_then < k + 2:
+                checks.fail(case, f"when you handed out batch {k}, batch {k + 1} had not been fetched yet "
+                                  f"(order so far: {', '.join(log)})",
+                            "take the next batch from the loader (and normalise it) before you yield the current "
+                            "one; that is what prefetching means.")
+            if fetched_then > k + 2:
+                checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched_then} batches "
+                                  f"(order so far: {', '.join(log)})",
+                            "stay one batch ahead, no more: every batch held costs memory (GPU memory, on a GPU).")
+            if k >= len(batches):
+                break
+    except RuntimeError as e:
+        if "StopIteration" in str(e):
+            checks.fail(case, f"your prefetcher raised RuntimeError: {e}",
+                        "next(iterator) on an exhausted iterator raises StopIteration, which a generator turns "
+                        "into this error: use next(iterator, None), or a for loop over the loader.")
+        e.add_note(f"(raised by your prefetcher, for {case})")
+        raise
+    except Exception as e:
+        e.add_note(f"(raised by your prefetcher, for {case})")
+        raise
+
+
+def _check_prefetch_result(loader, batches, untouched, got, expected, mean, std, case, checks: _Checks) -> None:
+    torch = _torch()
+    if loader.passes != 1:
+        checks.fail(case, f"you iterated the loader {loader.passes} times for one pass over the data",
+                    "loop over the loader once: a DataLoader starts a new epoch (and new workers) on each iter().")
+    for k, ((x, y), (before_x, before_y)) in enumerate(zip(batches, untouched)):
+        if not (torch.equal(x, before_x) and torch.equal(y, before_y)):
+            checks.fail(case, f"batch {k} of the loader was changed in place",
+                        "make a new tensor for the normalised images; never write into the loader's batches.")
+    if len(got) != len(expected):
+        hint = ""
+        if len(got) == len(expected) - 1:
+            hint = ("the last batch is missing: when the loop over the loader ends, one batch is still held; "
+                    "yield it too.")
+        elif len(got) > len(expected):
+            hint = "each batch is handed out exactly once."
+        checks.fail(case, f"the loader has {len(expected)} batches, but you yielded {len(got)}", hint)
+    for k, (item, (want_x, want_y)) in enumerate(zip(got, expected)):
+        _compare_prefetched(k, item, want_x, want_y, batches, mean, std, case, checks)
+
+
+def _compare_prefetched(k, item, want_x, want_y, batches, mean, std, case, checks: _Checks) -> None:
+    torch = _torch()
+    where = f"batch {k}"
+    if not isinstance(item, tuple | list) or len(item) != 2:
+        checks.fail(case, f"{where} should be a pair (images, targets), but it is {_short(item)}")
+    x, y = item
+    if not isinstance(x, torch.Tensor):
+        checks.fail(case, f"{where}'s images should be a torch.Tensor, but they are {_type_name(x)}")
+    if x.dtype != torch.float32:
+        checks.fail(case, f"{where}'s images should have dtype torch.float32, but they have {x.dtype}",
+                    "convert with images.to(torch.float32) (or .float()), and keep mean and std float32 too.")
+    if tuple(x.shape) != tuple(want_x.shape):
+        checks.fail(case, f"{where}'s images should have shape {tuple(want_x.shape)}, but they have "
+                          f"{tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W).")
+    if not (isinstance(y, torch.Tensor) and torch.equal(y, want_y)):
+        moved = next((j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)),
+                     None)
+        if moved is not None:
+            checks.fail(case, f"the batch you handed out in place {k} is the loader's batch {moved}",
+                        "hand the batches out in the loader's order: yield the batch you held, then hold the new one.")
+        checks.fail(case, f"{where}'s targets should be {want_y.tolist()}, but they are {_short(y)}",
+                    "pass the targets through untouched.")
+    if not torch.allclose(x, want_x, rtol=1e-5, atol=1e-5):
+        i = tuple(int(v) for v in torch.nonzero(~torch.isclose(x, want_x, rtol=1e-5, atol=1e-5))[0])
+        raw = int(batches[k][0][i])
+        c = i[1]
+        hint = (f"the raw value there is {raw} (channel {c}, mean {mean[c]}, std {std[c]}): "
+                f"({raw} - {mean[c]} * 255) / ({std[c]} * 255) = {float(want_x[i]):.4f}.")
+        if abs(float(x[i]) - (raw - mean[c]) / std[c]) < 1e-3:
+            hint = ("mean and std are for images scaled to [0, 1], and these are 0..255: scale them by 255, "
+                    "(x - mean * 255) / (std * 255).")
+        checks.fail(case, f"{where}'s images{list(i)} should be {float(want_x[i]):.5f}, but it is {float(x[i]):.5f}",
+                    hint)
+
+
+def _check_prefetcher_with_dataloader(prefetcher, checks: _Checks) -> None:
+    """Over a real minidl.DataLoader with fast_collate: the batches the spec's formula gives."""
+    import functools
+
+    from minidl.prefetch import fast_collate
+
+    rng = np.random.default_rng(5)
+    samples = [(rng.integers(0, 256, size=(6, 5, 3), dtype=np.uint8), i) for i in range(10)]  # HWC images
+    loader = DataLoader(samples, batch_size=4, collate_fn=functools.partial(fast_collate, channels_last=True))
+    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+    case = "minidl.DataLoader(10 HWC uint8 images, batch_size=4, collate_fn=fast_collate(channels_last=True))"
+    want = expected_outputs(list(loader), mean, std)
+    try:
+        got = run_watched(Tripwire(_library_prefetchers()), lambda: list(prefetcher(loader, mean, std)),
+                          lambda what: checks.fail(case, f"your prefetcher used {what}", DELEGATED.format(what)))
+    except Exception as e:
+        e.add_note(f"(raised by your prefetcher, for {case})")
+        raise
+    if len(got) != len(want):
+        checks.fail(case, f"the loader has {len(want)} batches, but you yielded {len(got)}")
+    for k, (item, (want_x, want_y)) in enumerate(zip(got, want)):
+        _compare_prefetched(k, item, want_x, want_y, [b for b in loader], mean, std, case, checks)
+    checks.passed += 1

@@ -1,0 +1,222 @@
+"""Checker for exercise ch09: threads or processes, for two workloads, decided by measuring.
+
+Two datasets: ``PythonLoopDataset``, whose items are a pure-Python loop, and ``SleepNumpyDataset``, whose items
+wait (a ``time.sleep`` standing in for reading a file) and then make a NumPy array. The learner writes
+``time_methods(run_epoch, rounds)``, which times ``run_epoch("multiprocessing")`` and ``run_epoch("thread")`` in
+interleaved rounds, and says which method is faster for each workload. The checker checks the timing function on
+a stand-in whose epoch times it knows, then runs it on one epoch of a ``minidl.DataLoader`` with two workers over
+each dataset, and holds the answer to what it measures: it accepts either answer where the two are within
+``BAND`` of each other, in the median or in any one of the rounds (a busy machine's rounds disagree; an idle
+machine's don't).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from minidl.dataloader import DataLoader
+from minidl.dataset import Dataset
+from minidl_course.exercises._common import _Checks, _short
+from minidl_course.exercises._measure import as_number, measure_then_judge
+
+METHODS = ("multiprocessing", "thread")
+WORKLOADS = ("python_loop", "sleep_numpy")
+BAND = 1.15  # when the slower one takes less than BAND x the faster one's time, either answer is accepted
+ROUNDS = 3
+STANDIN_SECONDS = {"multiprocessing": 0.08, "thread": 0.04}  # the stand-in's epoch times: threads twice as fast
+
+
+class PythonLoopDataset(Dataset):
+    """Item ``i``: ``(i, s)``, s a sum computed by a pure-Python loop of ``work`` steps (about 1 ms per 20,000)."""
+
+    def __init__(self, n: int = 32, work: int = 250_000) -> None:
+        self.n, self.work = n, work
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> tuple[int, int]:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        s = 0
+        for k in range(self.work):
+            s = (s + k * index) % 1_000_003
+        return index, s
+
+
+class SleepNumpyDataset(Dataset):
+    """Item ``i``: a (64, 64) float32 array of ``i``, after ``wait`` seconds asleep (a read, say): no GIL held."""
+
+    def __init__(self, n: int = 48, wait: float = 0.004) -> None:
+        self.n, self.wait = n, wait
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        time.sleep(self.wait)
+        return np.full((64, 64), index, dtype=np.float32) * np.float32(1.5)
+
+
+def make_datasets() -> dict[str, Dataset]:
+    """The two workloads, by name, at the sizes the checker uses."""
+    return {"python_loop": PythonLoopDataset(), "sleep_numpy": SleepNumpyDataset()}
+
+
+def epoch(dataset: Dataset, worker_method: str, num_workers: int = 2) -> None:
+    """One epoch of ``minidl.DataLoader(dataset, batch_size=4, num_workers=2, worker_method=...)``, workers started."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in DataLoader(dataset, batch_size=4, num_workers=num_workers, worker_method=worker_method):
+            pass
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Seconds per epoch for each (workload, worker_method), one per round."""
+
+    seconds: Mapping[str, Mapping[str, list[float]]]
+
+    def median(self, workload: str, method: str) -> float:
+        return statistics.median(self.seconds[workload][method])
+
+    def faster(self, workload: str) -> str:
+        return min(METHODS, key=lambda m: self.median(workload, m))
+
+    def gap(self, workload: str) -> float:
+        """The slower method's median time over the faster one's (1.0: a tie)."""
+        times = sorted(self.median(workload, m) for m in METHODS)
+        return times[1] / times[0]
+
+    def round_gaps(self, workload: str) -> list[float]:
+        """Round by round, the other method's time over the faster one's (below 1 where that round disagrees)."""
+        best = self.faster(workload)
+        other = next(m for m in METHODS if m != best)
+        return [o / b for o, b in zip(self.seconds[workload][other], self.seconds[workload][best])]
+
+
+def measure(time_methods: Callable[[Callable[[str], Any], int], Any], rounds: int = ROUNDS,
+            runs: Mapping[str, Callable[[str], Any]] | None = None) -> Measured:
+    """Your ``time_methods`` on each workload's ``run_epoch`` (an epoch of both datasets by default)."""
+    if runs is None:
+        runs = {name: (lambda method, d=dataset: epoch(d, method)) for name, dataset in make_datasets().items()}
+    measured = {}
+    for name, run in runs.items():
+        got = time_methods(run, rounds)
+        measured[name] = _seconds(got, rounds)
+        if measured[name] is None:
+            raise AssertionError(f"your time_methods returned {_short(got)} for {name}: it should return "
+                                 f"{{method: [seconds of each round]}}, as it did for the stand-in")
+    return Measured(measured)
+
+
+def _seconds(got: Any, rounds: int) -> dict[str, list[float]] | None:
+    """``got`` as {method: [seconds per round]}; None unless both methods have ``rounds`` positive numbers each."""
+    if not isinstance(got, Mapping) or set(got) != set(METHODS):
+        return None
+    seconds = {}
+    for method in METHODS:
+        times = got[method]
+        numbers = [as_number(x) for x in times] if isinstance(times, list | tuple) else []
+        if len(numbers) != rounds or not all(x is not None and x > 0 for x in numbers):
+            return None
+        seconds[method] = numbers
+    return seconds
+
+
+def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faster: Any,
+                 measure: Callable[[Callable], Measured] = measure) -> Measured:
+    """Check ch09: ``time_methods`` times both methods right, and ``faster`` names the faster one it measures.
+
+    ``time_methods(run_epoch, rounds)`` runs first on a stand-in whose epoch times are known, then on one epoch of
+    each workload; ``faster`` maps each workload to the worker_method it measured faster there.
+    Prints what it measured. Raises AssertionError at the first problem, with a hint.
+    """
+    def check_first(checks: _Checks) -> None:
+        check_answer_shape(faster, checks)
+        check_timer(time_methods, checks)
+
+    def report(measured: Measured) -> str:
+        return "\n".join(f"Measured by your time_methods, {name}: "
+                         + ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
+                         + f" per epoch (median of {len(measured.seconds[name][METHODS[0]])} rounds)"
+                         for name in WORKLOADS)
+
+    return measure_then_judge([time_methods], check_first, lambda: measure(time_methods), report,
+                              lambda measured, checks: judge(faster, measured, checks))
+
+
+def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks: _Checks) -> None:
+    """Your ``time_methods`` on a stand-in ``run_epoch`` that sleeps 80 ms for processes and 40 ms for threads."""
+    case = (f"a stand-in run_epoch(method) that sleeps {STANDIN_SECONDS['multiprocessing'] * 1e3:.0f} ms for "
+            f"'multiprocessing' and {STANDIN_SECONDS['thread'] * 1e3:.0f} ms for 'thread'")
+    try:
+        got = time_methods(lambda method: time.sleep(STANDIN_SECONDS[method]), ROUNDS)
+    except Exception as e:
+        e.add_note(f"(raised by your time_methods, for {case})")
+        raise
+    seconds = _seconds(got, ROUNDS)
+    if seconds is None:
+        checks.fail(case, f"time_methods(run_epoch, {ROUNDS}) should return {{method: [seconds of each round]}} for "
+                    f"{list(METHODS)}, {ROUNDS} positive numbers each, but it returned {_short(got)}",
+                    "one list per method, one epoch time per round, in seconds.")
+    medians = {m: statistics.median(seconds[m]) for m in METHODS}
+    if not all(0.8 * STANDIN_SECONDS[m] <= medians[m] <= 2 * STANDIN_SECONDS[m] for m in METHODS):
+        hint = "time each run_epoch(method) call alone, with time.perf_counter() just before and just after it."
+        swapped = dict(zip(METHODS, METHODS[::-1]))
+        if all(0.8 * STANDIN_SECONDS[swapped[m]] <= medians[m] <= 2 * STANDIN_SECONDS[swapped[m]] for m in METHODS):
+            hint = "your times are under the wrong method: keep each epoch's time under the method that ran it."
+        checks.fail(case, "your medians are " + ", ".join(f"{m} {medians[m] * 1e3:.0f} ms" for m in METHODS), hint)
+    checks.passed += 1
+
+
+def check_answer_shape(faster: Any, checks: _Checks) -> None:
+    case = f"faster = {faster!r}"
+    if not isinstance(faster, Mapping):
+        checks.fail(case, f"faster should be a dict, but it is {type(faster).__name__}",
+                    f"write a dict with the keys {list(WORKLOADS)}, each mapped to 'multiprocessing' or 'thread'.")
+    if set(faster) != set(WORKLOADS):
+        checks.fail(case, f"faster should have the keys {list(WORKLOADS)}, but it has {list(faster)}",
+                    "one answer per workload, under these names.")
+    for name in WORKLOADS:
+        if faster[name] not in METHODS:
+            hint = "use the names DataLoader's worker_method takes: 'multiprocessing' or 'thread'."
+            if str(faster[name]).lower().startswith("process"):
+                hint = "DataLoader calls processes worker_method='multiprocessing'; write that."
+            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {faster[name]!r}", hint)
+    checks.passed += 1
+
+
+def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None = None) -> None:
+    """The verdict on each answer, from what your ``time_methods`` measured in the check alone."""
+    checks = checks or _Checks()
+    why = {  # why the usual answer holds, where this machine measured it too
+        ("python_loop", "multiprocessing"): "a pure-Python loop holds the GIL, so two threads take turns on one core; "
+                                            "two processes each have their own interpreter and GIL.",
+        ("sleep_numpy", "thread"): "sleeping (like reading a file) and NumPy release the GIL, so threads overlap as "
+                                   "well as processes do, without starting processes or sending arrays between them.",
+    }
+    for name in WORKLOADS:
+        best, gap, rounds = measured.faster(name), measured.gap(name), measured.round_gaps(name)
+        case = f"{name}: you answered {faster[name]!r}; your time_methods measured {best!r} faster by {gap:.2f}x"
+        if gap < BAND:
+            print(f"{name}: the two are within {BAND}x of each other here ({gap:.2f}x), so either answer is accepted")
+        elif min(rounds) < BAND:  # a busy machine: one round says otherwise, or nearly; no verdict to hold you to
+            print(f"{name}: {best} was faster by {gap:.2f}x in the median, but your rounds here range from "
+                  f"{min(rounds):.2f}x to {max(rounds):.2f}x, so either answer is accepted (on an idle machine the "
+                  "rounds agree)")
+        elif faster[name] != best:
+            hint = why.get((name, best), f"your own time_methods measured {best!r} faster in every round here: answer "
+                                         "what this machine measured, not what you expected (the solution notebook "
+                                         "says when the usual answer turns round)")
+            checks.fail(case, f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", hint)
+        checks.passed += 1

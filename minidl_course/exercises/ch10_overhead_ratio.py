@@ -1,0 +1,157 @@
+"""Checker for exercise ch10: what minidl's DataLoader costs per batch next to torch's, as a median of ratios.
+
+The learner writes ``per_batch_seconds(loader)``: one epoch, timed from the first batch's arrival to the last's,
+divided by the batches in between (so worker start and shutdown are left out). They time minidl's and torch's
+loader over a dataset that returns its index (the loaders' own cost, nothing else) in interleaved rounds and
+report the median of the per-round ratios minidl / torch. The checker checks the timing function on loaders
+whose timing it knows (``PacedLoader``), then runs it itself on both loaders in rounds of its own and holds the
+reported ratio to the range those rounds span.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from minidl.dataloader import DataLoader
+from minidl_course import toy
+from minidl_course.exercises._common import _Checks, _torch
+from minidl_course.exercises._measure import agrees, as_number, close, measure_then_judge
+
+BATCHES = 3000
+ROUNDS = 7
+NAMES = ("minidl", "torch")
+RATIO_FACTOR = 1.5  # a reported ratio within this factor of the measured one is accepted
+
+
+def make_loaders(batches: int = BATCHES) -> dict[str, Any]:
+    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)``, batch_size=1, no workers.
+
+    Item ``i`` is ``i``: nothing to compute, so an epoch's time is the loader's own.
+    """
+    torch = _torch()
+    dataset = toy.RangeDataset(batches)
+    return {"minidl": DataLoader(dataset, batch_size=1), "torch": torch.utils.data.DataLoader(dataset, batch_size=1)}
+
+
+class PacedLoader:
+    """A loader whose timing is known: the first batch after ``start`` seconds, each later one ``every`` seconds on."""
+
+    def __init__(self, batches: int, start: float, every: float) -> None:
+        self.batches, self.start, self.every = batches, start, every
+
+    def __iter__(self) -> Iterator[int]:
+        time.sleep(self.start)
+        for k in range(self.batches):
+            if k:
+                time.sleep(self.every)
+            yield k
+
+    def __len__(self) -> int:
+        return self.batches
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Per-batch seconds of each loader, one per round."""
+
+    minidl: list[float]
+    torch: list[float]
+
+    @property
+    def ratios(self) -> list[float]:
+        return [m / t for m, t in zip(self.minidl, self.torch, strict=True)]
+
+    @property
+    def ratio(self) -> float:
+        return statistics.median(self.ratios)
+
+
+def measure(per_batch_seconds: Callable[[Iterable], Any], rounds: int = ROUNDS,
+            loaders: dict[str, Iterable] | None = None) -> Measured:
+    """Your ``per_batch_seconds`` on minidl's and torch's loader (``make_loaders()`` by default): one warm-up
+    each, then ``rounds`` rounds, each timing both, the order swapped from one round to the next."""
+    loaders = loaders or make_loaders()
+    for loader in loaders.values():
+        per_batch_seconds(loader)
+    per_batch: dict[str, list[float]] = {name: [] for name in NAMES}
+    for r in range(rounds):
+        for name in (NAMES if r % 2 == 0 else NAMES[::-1]):
+            got = per_batch_seconds(loaders[name])
+            number = as_number(got)
+            if number is None or number <= 0:
+                raise AssertionError(f"your per_batch_seconds returned {got!r} for the {name} loader: it should "
+                                     "return seconds per batch, a positive number, as it did for PacedLoader")
+            per_batch[name].append(number)
+    return Measured(per_batch["minidl"], per_batch["torch"])
+
+
+def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
+                   measure: Callable[[Callable], Measured] = measure) -> Measured:
+    """Check ch10: ``per_batch_seconds`` times a loader right, and ``ratio`` agrees with what it measures here.
+
+    Prints what it measured. Raises AssertionError at the first problem, with a hint.
+    """
+    return measure_then_judge(
+        [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
+        lambda: measure(per_batch_seconds),
+        lambda measured: (f"Measured with your per_batch_seconds: minidl {statistics.median(measured.minidl) * 1e6:.1f}"
+                          f" µs per batch, torch {statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / "
+                          f"torch {measured.ratio:.2f} (median of {len(measured.minidl)} rounds, which ranged "
+                          f"{min(measured.ratios):.2f} to {max(measured.ratios):.2f})"),
+        lambda measured, checks: judge(ratio, measured, checks))
+
+
+def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks) -> None:
+    for batches, start, every in ((11, 0.2, 0.01), (3, 0.0, 0.05)):
+        case = f"a loader of {batches} batches: the first after {start} s, then one every {every} s"
+        loader = PacedLoader(batches, start, every)
+        try:
+            got = per_batch_seconds(loader)
+        except Exception as e:
+            e.add_note(f"(raised by your per_batch_seconds, for {case})")
+            raise
+        number = as_number(got)
+        if number is None:
+            checks.fail(case, f"per_batch_seconds should return a number of seconds, but it returned {got!r}")
+        if number > every * 1.6:
+            hint = "stamp the time when each batch arrives, and divide by the number of batches after the first."
+            if abs(number - 1 / every) < 1 / every * 0.4:
+                hint = "that looks like batches per second: return seconds per batch."
+            elif start and number >= (start + batches * every) / batches * 0.8:
+                hint = ("you included the wait for the first batch (worker start): start the clock when the first "
+                        "batch arrives.")
+            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", hint)
+        if number < every * 0.9:
+            hint = "divide by the batches that arrived after the first one: n - 1 for n batches."
+            if number < every * 0.1:
+                hint = "time the whole loop over the loader, not one next() call or the creation of the iterator."
+            elif 0.9 < number * batches / (batches - 1) / every < 1.3:
+                hint = ("you divided by all n batches, but the clock ran only from the first to the last: n - 1 "
+                        "intervals.")
+            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", hint)
+        checks.passed += 1
+
+
+def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None:
+    """The verdict on the reported ``ratio``, from what your ``per_batch_seconds`` measured in the check alone."""
+    checks = checks or _Checks()
+    case = f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now"
+    number = as_number(ratio)
+    if number is None or number <= 0:
+        checks.fail(case, f"ratio should be a positive number, but it is {ratio!r}",
+                    "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.")
+    if not agrees(number, measured.ratios, RATIO_FACTOR):
+        hint = ("set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
+                "torch's each round, the median), not a figure from the README or another machine; if the machine "
+                "got busier or quieter since, run your cell and this one again.")
+        if close(1 / number, measured.ratio, RATIO_FACTOR):
+            hint = "you divided the other way round: minidl's per-batch time / torch's."
+        elif number == 1:
+            hint = "1.0 says the two cost the same: report the ratio you measured, not a guess."
+        checks.fail(case, f"your rounds here ran from {min(measured.ratios):.2f} to {max(measured.ratios):.2f}: "
+                    f"{number} is more than {RATIO_FACTOR}x outside that", hint)
+    checks.passed += 1

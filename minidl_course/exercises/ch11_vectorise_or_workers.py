@@ -1,0 +1,226 @@
+"""Checker for exercise ch11: vectorise a transform over the batch, or add workers? Decided with numbers.
+
+``per_sample_transform`` turns one uint8 ``(H, W, 3)`` image into a normalised float32 ``(3, H, W)`` array, row
+by row: many small NumPy calls, so most of its time is Python's. The learner writes ``transform_batch``, the
+same for a whole ``(B, H, W, 3)`` batch in a few whole-array operations, then times an epoch both ways: the
+per-sample transform in a dataset read by one worker process per core, and the raw images read with no workers and
+``transform_batch`` applied to each batch. They report both times and choose. The checker checks the batch
+transform (same values, and really vectorised), re-measures both epochs and compares.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from minidl.dataloader import DataLoader
+from minidl.dataset import Dataset
+from minidl_course.cores import core_count
+from minidl_course.exercises._common import _Checks
+from minidl_course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge
+
+MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
+STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
+IMAGES, SIZE, BATCH = 384, 32, 32
+ROUNDS = 3
+CHOICES = ("vectorise", "workers")
+BAND = 1.15  # epochs within this factor of each other: either choice is accepted
+SPEEDUP_FACTOR = 2.0  # a reported speedup within this factor of the measured one is accepted (short epochs: noisy)
+MIN_VECTOR_SPEEDUP = 3.0  # transform_batch must beat the per-sample loop by this much to count as vectorised
+WORKERS = core_count()  # option 1's worker processes: one per core, the most that workers can give
+
+
+def make_images(n: int = IMAGES, size: int = SIZE, seed: int = 0) -> np.ndarray:
+    """``n`` random uint8 RGB images, ``(n, size, size, 3)``."""
+    return np.random.default_rng(seed).integers(0, 256, size=(n, size, size, 3), dtype=np.uint8)
+
+
+def per_sample_transform(image: np.ndarray) -> np.ndarray:
+    """One ``(H, W, 3)`` uint8 image to float32 ``(3, H, W)``: ``(x / 255 - MEAN[c]) / STD[c]``, one row at a time."""
+    height, width, channels = image.shape
+    out = np.empty((channels, height, width), dtype=np.float32)
+    for c in range(channels):
+        for y in range(height):
+            out[c, y] = (image[y, :, c].astype(np.float32) / np.float32(255) - MEAN[c]) / STD[c]
+    return out
+
+
+class ImageDataset(Dataset):
+    """``images[i]``, raw; with ``transform``, ``transform(images[i])``."""
+
+    def __init__(self, images: np.ndarray, transform: Callable[[np.ndarray], Any] | None = None) -> None:
+        self.images, self.transform = images, transform
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> Any:
+        image = self.images[index]
+        return image if self.transform is None else self.transform(image)
+
+
+def workers_epoch(images: np.ndarray, num_workers: int = WORKERS) -> None:
+    """Option 1: the per-sample transform inside the dataset, ``num_workers`` worker processes (one per core)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in DataLoader(ImageDataset(images, per_sample_transform), batch_size=BATCH, num_workers=num_workers,
+                            collate_fn=np.stack):
+            pass
+
+
+def vectorised_epoch(images: np.ndarray, transform_batch: Callable[[np.ndarray], np.ndarray]) -> None:
+    """Option 2: raw images, no workers, ``transform_batch`` on each batch."""
+    for batch in DataLoader(ImageDataset(images), batch_size=BATCH, collate_fn=np.stack):
+        transform_batch(batch)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """Seconds per epoch of each option, one per round, and how much faster transform_batch is than the loop."""
+
+    workers: list[float]
+    vectorised: list[float]
+    batch_speedup: float  # the per-sample loop over one batch / transform_batch on it
+
+    @property
+    def speedups(self) -> list[float]:
+        """Each round's workers' epoch / vectorised epoch: the rounds are interleaved, so each ratio is fair."""
+        return [w / v for w, v in zip(self.workers, self.vectorised, strict=True)]
+
+    @property
+    def speedup(self) -> float:
+        """How many times faster the vectorised epoch is than the workers' (below 1: slower): the median of
+        the per-round ratios, as notebooks 10 and 11 teach."""
+        return statistics.median(self.speedups)
+
+
+def batch_speedup(transform_batch: Callable[[np.ndarray], np.ndarray],
+                  clock: Callable[[], float] = time.perf_counter) -> float:
+    """The per-sample loop over one batch of 32 images, over ``transform_batch`` on the same batch (medians of 5)."""
+    batch = make_images(BATCH, seed=1)
+
+    def loop() -> None:
+        np.stack([per_sample_transform(image) for image in batch])
+
+    times = interleaved({"loop": loop, "batch": lambda: transform_batch(batch)}, rounds=5, clock=clock)
+    return statistics.median(times["loop"]) / statistics.median(times["batch"])
+
+
+def measure(transform_batch: Callable[[np.ndarray], np.ndarray], rounds: int = ROUNDS) -> Measured:
+    """Both epochs in interleaved rounds after a warm-up, and transform_batch against the loop."""
+    images = make_images()
+    speed = batch_speedup(transform_batch)
+    times = interleaved({"workers": lambda: workers_epoch(images),
+                         "vectorised": lambda: vectorised_epoch(images, transform_batch)}, rounds=rounds)
+    return Measured(times["workers"], times["vectorised"], speed)
+
+
+def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds: Any, choice: Any,
+                   measure: Callable[[Callable], Measured] = measure) -> Measured:
+    """Check ch11: ``transform_batch`` is right and vectorised; ``seconds`` and ``choice`` match a measurement.
+
+    ``seconds`` is ``{"workers": s, "vectorised": s}``, your epoch times; ``choice`` is "vectorise" or "workers".
+    Prints what it measured. Raises AssertionError at the first problem, with a hint.
+    """
+    def check_first(checks: _Checks) -> None:
+        check_transform(transform_batch, checks)
+        check_answer_shape(seconds, choice, checks)
+
+    return measure_then_judge(
+        [transform_batch], check_first, lambda: measure(transform_batch),
+        lambda measured: (f"Measured: an epoch of {IMAGES} images takes {statistics.median(measured.workers) * 1e3:.0f}"
+                          f" ms with the per-sample transform in {WORKERS} workers, "
+                          f"{statistics.median(measured.vectorised) * 1e3:.0f} ms vectorised with no workers "
+                          f"({measured.speedup:.1f}x); transform_batch is {measured.batch_speedup:.0f}x faster than "
+                          "the per-sample loop on one batch"),
+        lambda measured, checks: judge(seconds, choice, measured, checks))
+
+
+def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks: _Checks) -> None:
+    for n, size, seed in ((1, 4, 0), (3, 5, 1), (BATCH, SIZE, 2)):
+        images = make_images(n, size, seed)
+        before = images.copy()
+        case = f"transform_batch(make_images({n}, size={size}, seed={seed})), a ({n}, {size}, {size}, 3) uint8 batch"
+        want = np.stack([per_sample_transform(image) for image in images])
+        try:
+            got = transform_batch(images)
+        except Exception as e:
+            e.add_note(f"(raised by your transform_batch, for {case})")
+            raise
+        if not np.array_equal(images, before):
+            checks.fail(case, "transform_batch changed its input", "make new arrays; don't write into the batch.")
+        if not isinstance(got, np.ndarray):
+            checks.fail(case, f"should return a numpy.ndarray, but it returned {type(got).__name__}")
+        if got.shape != want.shape:
+            hint = "the same values as per_sample_transform, stacked: one (3, H, W) array per image."
+            if got.shape == images.shape:
+                hint = "channels first: transpose (B, H, W, 3) to (B, 3, H, W), e.g. x.transpose(0, 3, 1, 2)."
+            checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}", hint)
+        if got.dtype != np.float32:
+            checks.fail(case, f"the result should be float32, but it is {got.dtype}",
+                        "convert with astype(np.float32) and keep every constant float32: a float64 array (or "
+                        "the Python float 255.0 with NumPy < 2) upcasts everything.")
+        if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
+            idx = tuple(int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[0])
+            hint = "(x / 255 - MEAN[c]) / STD[c] per channel c: MEAN.reshape(1, 3, 1, 1) broadcasts over (B, 3, H, W)."
+            unscaled = (images.transpose(0, 3, 1, 2).astype(np.float32) - MEAN.reshape(1, 3, 1, 1)) / STD.reshape(
+                1, 3, 1, 1)
+            if np.allclose(got, unscaled, rtol=1e-4, atol=1e-3):
+                hint = "divide by 255 first: MEAN and STD are for values in [0, 1]."
+            checks.fail(case, f"result{list(idx)} should be {float(want[idx]):.5f}, but it is {float(got[idx]):.5f}",
+                        hint)
+        checks.passed += 1
+
+
+def check_answer_shape(seconds: Any, choice: Any, checks: _Checks) -> None:
+    case = f"seconds = {seconds!r}, choice = {choice!r}"
+    if not isinstance(seconds, dict) or set(seconds) != {"workers", "vectorised"}:
+        checks.fail(case, "seconds should be a dict with the keys 'workers' and 'vectorised'",
+                    "put your two median epoch times in seconds under those keys.")
+    for key, value in seconds.items():
+        number = as_number(value)
+        if number is None or number <= 0:
+            checks.fail(case, f"seconds[{key!r}] should be a positive number of seconds, but it is {value!r}")
+    if choice not in CHOICES:
+        checks.fail(case, f"choice should be one of {CHOICES}, but it is {choice!r}")
+    checks.passed += 1
+
+
+def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Checks | None = None) -> None:
+    """The verdict on the vectorisation, the reported times and the choice, from the checker's measurement alone."""
+    checks = checks or _Checks()
+    case = f"transform_batch against the per-sample loop on one batch: {measured.batch_speedup:.1f}x faster"
+    if measured.batch_speedup < MIN_VECTOR_SPEEDUP:
+        checks.fail(case, f"your transform_batch is only {measured.batch_speedup:.1f}x faster than calling "
+                          "per_sample_transform on each image",
+                    "a loop over the images (or over rows) is not vectorised: write it as a few operations on the "
+                    "whole (B, H, W, 3) array, with no Python loop.")
+    checks.passed += 1
+    reported = float(seconds["workers"]) / float(seconds["vectorised"])
+    case = (f"your times, workers {seconds['workers']} s and vectorised {seconds['vectorised']} s ({reported:.2f}x), "
+            f"against the {measured.speedup:.2f}x measured")
+    if not agrees(reported, measured.speedups, SPEEDUP_FACTOR):
+        hint = ("time whole epochs of both options in interleaved rounds, the workers' loader created (and its "
+                "workers started) inside the timed part, and report each option's median.")
+        if close(1 / reported, measured.speedup, SPEEDUP_FACTOR):
+            hint = f"your two times are swapped: 'workers' is the per-sample transform in {WORKERS} workers."
+        checks.fail(case, f"the ratio of your times is more than {SPEEDUP_FACTOR}x away from the checker's", hint)
+    checks.passed += 1
+    best = "vectorise" if measured.speedup > 1 else "workers"
+    gap = max(measured.speedup, 1 / measured.speedup)
+    case = f"choice={choice!r}; the checker measured {best!r} faster by {gap:.2f}x"
+    if gap < BAND:
+        print(f"the two options are within {BAND}x of each other here ({gap:.2f}x), so either choice is accepted")
+    elif choice != best:
+        hint = ("your own times say so: choose the faster option. Vectorising removes the Python overhead on every "
+                f"core; workers only spread it over the cores there are ({WORKERS} here).")
+        if choice == "workers" and reported > 1:
+            hint = "your times show the vectorised epoch faster: choose 'vectorise'."
+        checks.fail(case, f"{choice!r} is {gap:.2f}x slower than {best!r}", hint)
+    checks.passed += 1

@@ -1,0 +1,488 @@
+"""Checkers for exercise ch12: three loaders to debug, each checked by measuring or running it safely.
+
+1. **Copy-on-read.** ``ListDataset`` keeps its items as a Python list of float objects. A forked worker shares
+   the parent's memory until it writes to a page, and merely reading a Python object writes to it (its reference
+   count), so each worker ends up with a private copy of every page it read: its memory grows as it works. The
+   learner writes a dataset holding one NumPy array instead; ``check_no_leak`` measures each worker's memory growth
+   over an epoch for theirs and for ``ListDataset``: PSS on Linux, USS where psutil has no PSS (macOS, Windows).
+2. **A hang at fork.** A background thread holds ``LOCK`` most of the time, and ``LockedDataset`` takes it for
+   every item. A forked worker inherits the lock *held*, with no thread left to release it, and waits forever.
+   The learner chooses DataLoader arguments that avoid it; ``check_no_hang`` runs the loader in a separate
+   process under a timeout and kills it (workers included) if it hangs.
+3. **How many workers.** The learner writes ``time_epoch(w)``, sweeps ``num_workers`` over ``SWEEP`` (it follows
+   this machine's core count) for ``DecodeDataset``, plots epoch time, and picks one; ``check_num_workers`` runs the
+   learner's ``time_epoch`` in its own rounds, and accepts a sweep that agrees with them and a choice within
+   ``TOLERANCE`` of their fastest.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from minidl.dataloader import DataLoader
+from minidl.dataset import Dataset
+from minidl.worker import get_worker_info
+from minidl_course import osfacts
+from minidl_course.cores import core_count, worker_sweep
+from minidl_course.exercises._common import _Checks
+from minidl_course.exercises._measure import agrees, as_number, measure_then_judge
+
+# --- 1. copy-on-read --------------------------------------------------------------------------------
+
+ITEMS = 1_000_000
+LEAK_FRACTION = 0.3  # your dataset's worker growth must be under this part of ListDataset's
+LEAK_FLOOR_MB = 2.0  # ... or under this many MB, whichever is larger
+
+
+def item_value(index: int) -> float:
+    """What item ``index`` of every dataset in part 1 is: ``index * 0.5``."""
+    return index * 0.5
+
+
+class ListDataset(Dataset):
+    """The buggy dataset: ``n`` Python float objects in a list (``item_value(i)`` for each ``i``)."""
+
+    def __init__(self, n: int = ITEMS) -> None:
+        self.items = [item_value(i) for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, index: int) -> float:
+        return self.items[index]
+
+
+def memory_kind() -> str:
+    """What part 1 measures a worker's memory as: ``"PSS"`` where the platform has it (Linux), else ``"USS"``.
+
+    PSS (proportional set size) is private pages plus shared pages divided by how many share them; USS (unique
+    set size: private pages only) is what psutil gives a Mac or Windows. Copy-on-read grows both.
+    """
+    return "PSS" if osfacts.pss() else "USS"
+
+
+def memory_bytes() -> int:
+    """This process's memory as ``memory_kind()`` says: PSS (``/proc/self/smaps_rollup``, psutil), else USS."""
+    size = osfacts.pss_bytes()
+    if size is None:
+        size = osfacts.uss_bytes()
+    if size is None:
+        raise OSError(f"{osfacts.uss().line()} ({osfacts.pss().line()})")
+    return size
+
+
+def memory_collate(batch: list[float]) -> tuple[int, int, float]:
+    """Runs in the worker: ``(worker id, the worker's memory now, sum of the batch)``; the sum keeps the work real."""
+    info = get_worker_info()
+    return (-1 if info is None else info.id), memory_bytes(), float(sum(batch))
+
+
+def worker_growth(dataset: Dataset, num_workers: int = 2, batch_size: int = 5000) -> list[float]:
+    """Each worker's memory growth in MB (PSS, or USS where there is no PSS: ``memory_kind()``), from its first
+    batch to its last, over one epoch with forked workers."""
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=memory_collate,
+                        multiprocessing_context="fork")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fork with threads around: the point of part 2, not of this one
+        for worker, size, _ in loader:
+            first.setdefault(worker, size)
+            last[worker] = size
+    return [(last[w] - first[w]) / 2**20 for w in sorted(first)]
+
+
+@dataclass(frozen=True)
+class LeakMeasured:
+    """Median worker memory growth (MB; PSS, or USS where there is none) over an epoch, yours and ListDataset's."""
+
+    yours: float
+    buggy: float
+
+
+def measure_leak(dataset_cls: Callable[[int], Dataset], n: int = ITEMS) -> LeakMeasured:
+    """Build both datasets before the workers fork, run an epoch of each, and take the median worker's growth."""
+    yours = statistics.median(worker_growth(dataset_cls(n)))
+    buggy = statistics.median(worker_growth(ListDataset(n)))
+    return LeakMeasured(yours, buggy)
+
+
+def check_no_leak(dataset_cls: Callable[[int], Dataset],
+                  measure: Callable[[Callable], LeakMeasured] = measure_leak) -> LeakMeasured:
+    """Check part 1: ``dataset_cls(n)`` gives ListDataset's items, and its workers' memory does not grow like it.
+
+    Prints what it measured. Raises AssertionError at the first problem, with a hint.
+    """
+    return measure_then_judge(
+        [dataset_cls], lambda checks: check_items(dataset_cls, checks), lambda: measure(dataset_cls),
+        lambda measured: (f"Measured: over one epoch of {ITEMS:,} items with 2 forked workers, each worker's "
+                          f"{memory_kind()} "
+                          f"grew by {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with "
+                          "ListDataset"),
+        lambda measured, checks: judge_leak(dataset_cls, measured, checks))
+
+
+def check_items(dataset_cls: Callable[[int], Dataset], checks: _Checks) -> None:
+    for n in (1, 7, 1000):
+        case = f"{getattr(dataset_cls, '__name__', dataset_cls)}({n})"
+        try:
+            dataset = dataset_cls(n)
+            got_len = len(dataset)
+            got = [dataset[i] for i in range(n)]
+        except Exception as e:
+            e.add_note(f"(raised by your dataset, for {case})")
+            raise
+        if got_len != n:
+            checks.fail(case, f"len() should be {n}, but it is {got_len}")
+        for i, value in enumerate(got):
+            if not isinstance(value, float | np.floating) or value != item_value(i):
+                checks.fail(case, f"item {i} should be {item_value(i)!r} (a float), but it is {value!r}",
+                            "item i is i * 0.5, a float: np.arange(n) * 0.5 holds them all in one array.")
+        checks.passed += 1
+
+
+def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks | None = None) -> None:
+    """The verdict on part 1, from the measurement alone (and the dataset, for the hint)."""
+    checks = checks or _Checks()
+    case = f"worker memory growth: {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with ListDataset"
+    limit = max(LEAK_FRACTION * measured.buggy, LEAK_FLOOR_MB)
+    if measured.yours > limit:
+        hint = ("hold the items in one NumPy array (np.arange(n) * 0.5): its data is one block of raw bytes with no "
+                "reference counts, so reading it writes nothing and the pages stay shared.")
+        held = _held_containers(dataset_cls)
+        if "object array" in held:
+            hint = ("an array of dtype object holds pointers to Python objects, whose reference counts still change "
+                    "on every read: use a float64 array.")
+        elif "list" in held or "tuple" in held:
+            hint = ("your dataset still reads from a Python list or tuple of float objects: read from the NumPy array "
+                    "in __getitem__, and don't keep the list.")
+        checks.fail(case, f"your workers' memory grew by more than {limit:.1f} MB", hint)
+    checks.passed += 1
+
+
+def _held_containers(dataset_cls: Any) -> set[str]:
+    """What a small instance of the learner's dataset keeps in its attributes: 'list', 'tuple', 'object array'."""
+    try:
+        dataset = dataset_cls(10)
+    except Exception:
+        return set()
+    kinds = set()
+    for value in vars(dataset).values():
+        if isinstance(value, list | tuple):
+            kinds.add(type(value).__name__)
+        if isinstance(value, np.ndarray) and value.dtype == object:
+            kinds.add("object array")
+    return kinds
+
+
+# --- 2. a hang at fork --------------------------------------------------------------------------------
+
+LOCK = threading.Lock()
+HANG_TIMEOUT_S = 30.0  # spawn starts two fresh interpreters: a few seconds, more on a busy machine
+
+
+def hold_lock_forever() -> threading.Thread:
+    """Start a daemon thread that holds ``LOCK`` nearly all the time (a logger flushing, say), letting go briefly."""
+
+    def busy() -> None:
+        while True:
+            with LOCK:
+                time.sleep(0.05)
+            time.sleep(0.0005)
+
+    thread = threading.Thread(target=busy, name="busy-logger", daemon=True)
+    thread.start()
+    return thread
+
+
+class LockedDataset(Dataset):
+    """Item ``i`` is ``i``, read while holding ``LOCK`` (as code that logs, or uses a shared client, does)."""
+
+    def __init__(self, n: int = 16) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        with LOCK:
+            return index
+
+
+def _run_locked_loader(loader_kwargs: dict[str, Any]) -> None:
+    """What the separate process runs: the busy thread, then an epoch of LockedDataset with 2 workers.
+
+    The program being debugged starts its workers with ``fork``, Linux's default up to Python 3.13, whatever
+    this machine's default is: the pitfall is fork's, so only ``loader_kwargs`` may choose another start method.
+    """
+    multiprocessing.set_start_method("fork", force=True)
+    hold_lock_forever()
+    time.sleep(0.1)
+    warnings.simplefilter("ignore")
+    loader = DataLoader(LockedDataset(), batch_size=4, num_workers=2, **loader_kwargs)
+    batches = [batch.tolist() if hasattr(batch, "tolist") else batch for batch in loader]
+    print("OK", json.dumps(batches))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the loader in the separate process ended: "ok", "hang" (killed at the timeout) or "error"."""
+
+    status: str
+    detail: str = ""
+    seconds: float = 0.0
+
+
+def run_locked_loader(loader_kwargs: Mapping[str, Any], timeout: float = HANG_TIMEOUT_S) -> Outcome:
+    """Run ``_run_locked_loader(loader_kwargs)`` in a new Python process; kill it and its workers after ``timeout``.
+
+    The process gets its own session, so a hang is ended by killing the whole process group: nothing is left
+    running, and the notebook's kernel never waits longer than ``timeout``.
+    """
+    root = str(Path(__file__).resolve().parents[3])  # the folder holding the minidl package
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-c", f"import json, sys; from {__name__} import _run_locked_loader; "
+                                     "_run_locked_loader(json.loads(sys.argv[1]))", json.dumps(dict(loader_kwargs))]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        return Outcome("hang", f"no epoch after {timeout:.0f} s: killed", time.perf_counter() - start)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    seconds = time.perf_counter() - start
+    if process.returncode == 0 and out.startswith("OK"):
+        return Outcome("ok", out.strip(), seconds)
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    return Outcome("error", lines[-1] if lines else f"exit code {process.returncode}", seconds)
+
+
+EXPECTED_BATCHES = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+
+
+def check_no_hang(loader_kwargs: Any, run: Callable[[Mapping[str, Any]], Outcome] = run_locked_loader) -> Outcome:
+    """Check part 2: with ``loader_kwargs``, two workers finish an epoch of LockedDataset beside the busy thread.
+
+    Runs it in a separate process under a timeout. Raises AssertionError with a hint if it hangs or fails.
+    """
+    return measure_then_judge(
+        [], lambda checks: check_kwargs(loader_kwargs, checks), lambda: run(loader_kwargs),
+        lambda outcome: (f"Ran DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{loader_kwargs!r}) in a "
+                         f"separate process: {outcome.status} after {outcome.seconds:.1f} s ({outcome.detail[:80]})"),
+        lambda outcome, checks: judge_hang(loader_kwargs, outcome, checks))
+
+
+def check_kwargs(loader_kwargs: Any, checks: _Checks) -> None:
+    case = f"loader_kwargs = {loader_kwargs!r}"
+    if not isinstance(loader_kwargs, dict):
+        checks.fail(case, f"loader_kwargs should be a dict, but it is {type(loader_kwargs).__name__}",
+                    "a dict of DataLoader keyword arguments, e.g. {'multiprocessing_context': ...}.")
+    for key in ("num_workers", "dataset", "batch_size"):
+        if key in loader_kwargs:
+            checks.fail(case, f"loader_kwargs sets {key}, which the exercise fixes",
+                        "keep two worker processes: avoiding workers hides the bug instead of fixing it."
+                        if key == "num_workers" else "change how workers start, not the data.")
+    if loader_kwargs.get("worker_method") == "thread":
+        print("worker_method='thread' starts no process, so nothing is forked: accepted, though the lesson is "
+              "about processes.")
+    try:
+        json.dumps(loader_kwargs)
+    except TypeError:
+        checks.fail(case, "loader_kwargs must be plain values (strings, numbers, booleans)",
+                    "name the start method as a string: 'spawn' or 'forkserver', not a context object.")
+    checks.passed += 1
+
+
+def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Checks | None = None) -> None:
+    """The verdict on part 2, from the outcome of the run alone."""
+    checks = checks or _Checks()
+    case = f"DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{dict(loader_kwargs)!r})"
+    context = loader_kwargs.get("multiprocessing_context")
+    if outcome.status == "hang":
+        hint = ("a forked worker starts with a copy of the parent's memory, LOCK included, taken by a thread that "
+                "does not exist in the child: start workers with multiprocessing_context='spawn' (or "
+                "'forkserver'), which run a fresh interpreter.")
+        if context in (None, "fork"):
+            if loader_kwargs.get("persistent_workers"):
+                hint = "persistent workers are still forked once, with the lock held: " + hint
+            elif context == "fork":
+                hint = "'fork' is the start method that copies the held lock; " + hint
+        checks.fail(case, f"it hung: {outcome.detail}", hint)
+    if outcome.status == "error":
+        hint = "read the error: the arguments must be ones DataLoader accepts."
+        if "timed out" in outcome.detail.lower() or "timeout" in outcome.detail.lower():
+            hint = ("a timeout turns the hang into an error, but the worker is still stuck on the copied lock: "
+                    "change how the workers start.")
+        checks.fail(case, f"it failed: {outcome.detail}", hint)
+    if outcome.status == "ok" and "OK " + json.dumps(EXPECTED_BATCHES) != outcome.detail:
+        checks.fail(case, f"it finished, but with other batches: {outcome.detail}",
+                    f"the epoch should give {EXPECTED_BATCHES}.")
+    checks.passed += 1
+
+
+# --- 3. how many workers ------------------------------------------------------------------------------
+
+SWEEP = worker_sweep()  # num_workers to try on this machine: 0 ... past its core count (0-4 on 2 cores)
+TOLERANCE = 1.3  # any num_workers whose epoch is within this factor of the fastest is accepted
+SWEEP_ROUNDS = 3
+SWEEP_FACTOR = 1.5  # each time in your sweep must lie within this factor of what your timer gives the checker
+
+
+class DecodeDataset(Dataset):
+    """Item ``i``: ``wait`` seconds of waiting (a read), then ``work`` steps of Python (a decode that holds the GIL)."""
+
+    def __init__(self, n: int = 64, wait: float = 0.006, work: int = 15_000) -> None:
+        self.n, self.wait, self.work = n, wait, work
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        if not 0 <= index < self.n:
+            raise IndexError(f"index {index} out of range for {self.n} items")
+        time.sleep(self.wait)
+        s = 0
+        for k in range(self.work):
+            s = (s + k * index) % 65_521
+        return s
+
+
+def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
+    """One epoch of ``DecodeDataset`` with ``num_workers`` worker processes, batch_size 4, workers started inside.
+
+    The workers are forked where the platform can fork (Linux, macOS), as in notebook 12's sweep: a spawned worker
+    is a new interpreter that imports torch, a second or more on a laptop, longer than this whole epoch, and the
+    sweep would time interpreter starts instead of loading (12 §7 measures those). Windows has only spawn.
+    """
+    forks = num_workers > 0 and "fork" in multiprocessing.get_all_start_methods()
+    context = "fork" if forks else None  # torch refuses a context without workers
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # more workers than cores, on purpose; fork in a process with threads
+        for _ in DataLoader(dataset or DecodeDataset(), batch_size=4, num_workers=num_workers,
+                            multiprocessing_context=context):
+            pass
+
+
+def measure_sweep(time_epoch: Callable[[int], float], rounds: int = SWEEP_ROUNDS) -> dict[int, list[float]]:
+    """``time_epoch(w)`` for each ``w`` in ``SWEEP``, in ``rounds`` interleaved rounds (the order turns each
+    round): ``{num_workers: [seconds per round]}``. The learner's timer, run by the checker."""
+    times: dict[int, list[float]] = {w: [] for w in SWEEP}
+    for r in range(rounds):
+        for w in SWEEP[r % len(SWEEP):] + SWEEP[:r % len(SWEEP)]:
+            times[w].append(float(time_epoch(w)))
+    return times
+
+
+def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
+                      measure: Callable[[], dict[int, list[float]]] | None = None) -> dict[int, list[float]]:
+    """Check part 3 with your own measuring code: ``time_epoch(w)`` returns the seconds of one epoch of
+    ``sweep_epoch(w)``; ``sweep`` is your ``{num_workers: median seconds}``; ``num_workers`` your choice.
+
+    The checker times ``time_epoch(0)`` once with its own clock (your timer must return the epoch it ran), then
+    runs it for every ``w`` in ``SWEEP`` in three interleaved rounds. Your sweep must agree with those rounds, and
+    your choice must be within ``TOLERANCE`` of their fastest. Prints what it measured; raises AssertionError with
+    a hint.
+    """
+    def report(measured: dict[int, list[float]]) -> str:
+        medians = {w: statistics.median(t) for w, t in measured.items()}
+        best = min(medians, key=medians.get)
+        return (f"Your time_epoch, run by the checker ({len(measured[best])} rounds, medians): "
+                + ", ".join(f"{w}: {s * 1e3:.0f} ms" for w, s in medians.items())
+                + f"; fastest num_workers={best}, and any within {TOLERANCE}x of it "
+                f"({medians[best] * TOLERANCE * 1e3:.0f} ms) is accepted")
+
+    def first(checks: _Checks) -> None:
+        check_sweep_answer(num_workers, sweep, checks)
+        check_timer(time_epoch, checks)
+
+    return measure_then_judge([], first, measure or (lambda: measure_sweep(time_epoch)), report,
+                              lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
+
+
+def check_timer(time_epoch: Any, checks: _Checks, clock: Callable[[], float] = time.perf_counter) -> None:
+    """``time_epoch(0)`` returns seconds, and they are the epoch it ran: within the time the call took, most of it."""
+    case = "time_epoch(0)"
+    if not callable(time_epoch):
+        checks.fail(case, f"time_epoch should be a function of num_workers, but it is {time_epoch!r}",
+                    "def time_epoch(w): start = time.perf_counter(); sweep_epoch(w, dataset); "
+                    "return time.perf_counter() - start")
+    start = clock()
+    got = time_epoch(0)
+    took = clock() - start
+    seconds = as_number(got)
+    if seconds is None or seconds <= 0:
+        checks.fail(case, f"should return the epoch's seconds, a positive number, but it returned {got!r}",
+                    "return time.perf_counter() - start, taken around sweep_epoch(w, dataset).")
+    if not 0.5 * took <= seconds <= took * 1.05 + 1e-3:
+        checks.fail(case, f"returned {seconds:.3f} s, but the call took {took:.3f} s",
+                    "time the epoch you run: read time.perf_counter() just before sweep_epoch(w, dataset) and "
+                    "just after it, and return the difference (not a number typed in).")
+    checks.passed += 1
+
+
+def check_sweep_answer(num_workers: Any, sweep: Any, checks: _Checks) -> None:
+    case = f"num_workers = {num_workers!r}, sweep = {sweep!r}"
+    if not isinstance(sweep, dict) or sorted(sweep) != sorted(SWEEP):
+        checks.fail(case, f"sweep should be a dict with one epoch time per num_workers in SWEEP, {SWEEP}",
+                    "keep the sweep you ran and plotted: {num_workers: median seconds}.")
+    if any(as_number(s) is None or as_number(s) <= 0 for s in sweep.values()):
+        checks.fail(case, "every time in sweep should be a positive number of seconds",
+                    "keep the medians your timer measured: {w: statistics.median(times[w]) for w in SWEEP}.")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int | np.integer) or num_workers not in SWEEP:
+        checks.fail(case, f"num_workers should be one of the values you swept, {SWEEP}, but it is {num_workers!r}",
+                    "choose from what you measured, not from a rule of thumb.")
+    checks.passed += 1
+
+
+def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Mapping[int, list[float]],
+                      checks: _Checks | None = None) -> None:
+    """The verdict on part 3: your sweep against your timer's rounds in the checker, then your choice against them."""
+    checks = checks or _Checks()
+    off = [w for w in SWEEP if not agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
+    if off:
+        w = off[0]
+        checks.fail(f"your sweep says {w} workers took {float(sweep[w]):.3f} s",
+                    f"your time_epoch({w}) measured {min(measured[w]):.3f} to {max(measured[w]):.3f} s when the "
+                    f"checker ran it, more than {SWEEP_FACTOR}x away (also off: {off[1:] or 'none'})",
+                    "keep the medians your timing code measured, {w: statistics.median(times[w]) for w in SWEEP}, "
+                    "not numbers typed in; if the machine was busy, run the sweep again.")
+    checks.passed += 1
+    medians = {w: statistics.median(t) for w, t in measured.items()}
+    best = min(medians, key=medians.get)
+    case = (f"num_workers={num_workers}: your timer measured {medians[num_workers] * 1e3:.0f} ms, the fastest "
+            f"({best} workers) {medians[best] * 1e3:.0f} ms")
+    if medians[num_workers] > medians[best] * TOLERANCE:
+        yours = min(sweep, key=sweep.get)
+        hint = (f"pick the num_workers of the lowest point of your sweep, or the fewest workers within {TOLERANCE}x "
+                "of it.")
+        if yours != num_workers and sweep[num_workers] > sweep[yours] * TOLERANCE:
+            hint = f"your own sweep says {yours} workers was fastest ({sweep[yours]:.3f} s): choose from your data."
+        elif num_workers == max(SWEEP):
+            hint = (f"more workers than cores ({core_count()} here) don't help once the cores are busy: each one "
+                    "costs a process start and memory. Choose the knee of the curve.")
+        elif num_workers == 0:
+            hint = "with no workers, the waiting and the Python work never overlap: workers pay here."
+        checks.fail(case, f"{num_workers} workers was {medians[num_workers] / medians[best]:.2f}x slower than "
+                          f"{best}", hint)
+    checks.passed += 1
