@@ -34,6 +34,24 @@ def process_cpu_count() -> int:
     return os.cpu_count() or 1
 
 
+class DoneFlag:
+    """The workers' done event, made so that no process can leave it locked.
+
+    torch passes ``multiprocessing.Event()``. Its ``is_set()`` takes a lock shared by every process, so a worker
+    killed inside ``is_set()`` leaves the lock held, and the main process's ``set()`` at shutdown waits for ever.
+    Here it is one byte of shared memory, read and written without a lock; only the main process writes it.
+    """
+
+    def __init__(self, context) -> None:
+        self._flag = context.RawValue("b", 0)
+
+    def is_set(self) -> bool:
+        return bool(self._flag.value)
+
+    def set(self) -> None:
+        self._flag.value = 1
+
+
 class ExceptionWrapper:
     """An exception caught in a worker, carried to the main process with its traceback."""
 

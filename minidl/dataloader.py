@@ -663,7 +663,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             )
 
         self._worker_result_queue = context.Queue()
-        self._workers_done_event = context.Event()
+        # Thread workers share a threading.Event; process workers a flag a killed worker cannot leave locked.
+        self._workers_done_event = context.Event() if context is _ThreadContext else _utils.DoneFlag(context)
         self._index_queues = []
         self._workers = []
         self._failure = None  # set when a worker died: every later next() raises it again

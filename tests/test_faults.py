@@ -30,6 +30,28 @@ def flat(batches) -> list[int]:
     return [int(x) for b in batches for x in b]
 
 
+def read_the_done_event_forever(done_event) -> None:
+    """What a worker does after every task, in a tight loop: ask whether the loader is shutting down."""
+    while not done_event.is_set():
+        pass
+
+
+def test_a_worker_killed_while_it_reads_the_done_event_cannot_hang_shutdown():
+    # torch's done event is a multiprocessing.Event: is_set() holds a lock shared by every process, and a worker
+    # killed while holding it leaves it held, so set() at shutdown waits for ever (seen here under load). A process
+    # reading the event in a tight loop, killed, almost always dies holding that lock; three times in a row, always.
+    for _ in range(3):
+        it = iter(minidl.DataLoader(toy.RangeDataset(8), batch_size=2, num_workers=1, collate_fn=COLLATE))
+        first = next(it)
+        reader = multiprocessing.get_context().Process(target=read_the_done_event_forever,
+                                                       args=(it._workers_done_event,))
+        reader.start()
+        time.sleep(0.3)
+        os.kill(reader.pid, signal.SIGKILL)
+        reader.join()
+        assert flat([first, *it]) == list(range(8))  # the epoch ends, and shutting down returns
+
+
 def test_os_exit_in_getitem_is_a_runtime_error_naming_the_pid_every_time():
     # Racy before: the dead worker's last batch handle can't be opened, and EOFError or
     # ConnectionResetError escaped. scripts/fault_loop.py runs this 50+ times beside torch.
