@@ -178,6 +178,14 @@ def test_every_module_and_script_named_exists(doc):
             assert (ROOT / script).is_file(), f"{doc}: no script {script}"
 
 
+def test_the_chapter_table_names_every_exercise_and_only_those():
+    named = {w for span in spans("README.md") for w in re.findall(r"\bch\d\d_\w+", span)}
+    exercises = ROOT / "notebooks" / "exercises"
+    present = {p.stem for p in exercises.glob("ch*.ipynb") if not p.stem.endswith("_solution")}
+    assert named == present
+    assert all((exercises / f"{name}_solution.ipynb").is_file() for name in named)
+
+
 def test_the_command_checks_see_the_documents_commands():
     """The patterns above find what they check: a regex that matched nothing would pass every document."""
     named = {doc: named_paths(doc) for doc in DOCS}
