@@ -77,7 +77,7 @@ browser: setup
 
 # Every chapter and exercise notebook run top to bottom in quick mode in a stand-in for macOS (tests/mac_standin:
 # spawn, torch's file_system strategy only, no /proc or /dev/shm, psutil without PSS, no sched_getaffinity), error
-# cells reported as `make browser` does, outputs not compared (scripts/mac_run.py; README, "A Mac stand-in").
+# cells reported as `make browser` does, outputs not compared (scripts/mac_run.py; CONTRIBUTING.md, "The Mac stand-in").
 # Notebooks with no process worker and no platform fact are left out (scripts/mac_run.py's SKIPPED).
 mac: setup
 	$(BIN)/python scripts/mac_run.py

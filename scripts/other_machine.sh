@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs a command as if on another machine: /proc/cpuinfo names another CPU model, and the command may use one
 # core only (its affinity mask, which is what minidl, torch and os.process_cpu_count() count). It proves that no
-# compared notebook output depends on the machine: `make nbval-other-machine` runs nbval through it.
+# compared notebook output depends on the machine: `make nbval` runs nbval through it.
 #
 #   bash scripts/other_machine.sh COMMAND [ARGS...]
 #
