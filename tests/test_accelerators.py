@@ -1,0 +1,54 @@
+"""minidl_course.accelerators: what notebooks 07 and 08 say and run on a CPU-only machine, on CUDA and on MPS.
+
+The CUDA and MPS machines are this CPU-only build with torch reporting them (``accelerator_fakes``): the sentences
+and 07's comparison with torch must hold there without raising, which is what a learner's GPU or Mac runs.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from accelerator_fakes import report_cuda, report_mps  # noqa: E402
+
+from minidl_course import accelerators  # noqa: E402
+
+DATA = torch.arange(20.0).view(10, 2)
+MPS_WARNING = "'pin_memory' argument is set as true but not supported on MPS now, device pinned memory won't be used."
+CPU_WARNING = ("'pin_memory' argument is set as true but no accelerator is found, "
+               "then device pinned memory won't be used.")
+
+
+def test_cpu_only_machine():
+    assert accelerators.accelerator() == "cpu"
+    assert "no accelerator" in accelerators.pinning_here() and "no accelerator" in accelerators.streams_here()
+    rows = accelerators.compare_pinning(DATA)
+    assert [r.setting for r in rows] == ["num_workers=0", "num_workers=2"]
+    for row in rows:
+        assert row.our_warnings == row.their_warnings == [CPU_WARNING]
+        assert row.batches == 3 and row.same_batches and not row.pinned
+        assert row.parity() == f"{row.setting}: 3 batches, the same warnings as torch: True, the same batches: True"
+        assert row.here() == f"{row.setting}: {CPU_WARNING} (batches pinned: False)"
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_mps_reported(monkeypatch):
+    report_mps(monkeypatch)
+    assert accelerators.accelerator() == "mps"
+    assert "MPS" in accelerators.pinning_here() and "MPS, not CUDA" in accelerators.streams_here()
+    for row in accelerators.compare_pinning(DATA):
+        assert row.our_warnings == row.their_warnings == [MPS_WARNING]
+        assert row.same_batches and not row.pinned
+        assert "the same warnings as torch: True" in row.parity()
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_cuda_reported(monkeypatch):
+    """07's comparison (its cell 27 raised IndexError here: no warning comes where CUDA pins)."""
+    report_cuda(monkeypatch)
+    assert accelerators.accelerator() == "cuda"
+    assert "CUDA" in accelerators.pinning_here() and "side stream" in accelerators.streams_here()
+    for row in accelerators.compare_pinning(DATA):
+        assert row.our_warnings == row.their_warnings == []
+        assert row.same_batches and row.batches == 3
+        assert row.here() == f"{row.setting}: no warning (batches pinned: False)"  # the fake pins by a plain copy
