@@ -6,6 +6,8 @@ allocates on a device: on MPS, torch 2.13 (and minidl) turn ``pin_memory=True`` 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,3 +96,19 @@ def compare_pinning(data: Any, batch_size: int = 4, worker_counts: tuple[int, ..
         rows.append(PinComparison(f"num_workers={workers}", len(ours), our_warnings, their_warnings, same,
                                   any(b.is_pinned() for b in ours)))
     return rows
+
+
+@contextlib.contextmanager
+def pretend_cuda() -> Iterator[None]:
+    """For the ``with`` block, minidl's loaders in this process believe torch found CUDA, so ``pin_memory=True``
+    starts the pin thread on any machine (07 pins stand-in batches with it; nothing touches a device)."""
+    from unittest import mock
+
+    import torch
+
+    import minidl.dataloader
+
+    cuda = torch.device("cuda")
+    with mock.patch.object(minidl.dataloader, "_accelerator_available", lambda: True), \
+            mock.patch.object(torch.accelerator, "current_accelerator", lambda check_available=False: cuda):
+        yield
