@@ -2,8 +2,9 @@
 
 torch's ``Tensor.pin_memory()`` raises where no accelerator exists, so ``FakePinnable`` pins "by copy" the way a
 tensor does, and lets ``pin_memory()`` and the pin thread run for real; ``lock_pages`` shows what the operating
-system offers by itself (``mlock``, Linux and macOS: kept in RAM, not fixed in place as a pinned buffer is). These live in the package, not in a notebook cell, because
-the pin thread and worker processes run them. Nothing here is part of PyTorch.
+system offers by itself (``mlock``, Linux and macOS: kept in RAM, not fixed in place as a pinned buffer is).
+These live in the package, not in a notebook cell, because the pin thread and worker processes run them.
+Nothing here is part of PyTorch.
 """
 
 from __future__ import annotations
