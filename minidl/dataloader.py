@@ -460,6 +460,14 @@ class _BaseDataLoaderIter:
                 "then device pinned memory won't be used.",
                 stacklevel=3,
             )
+        accelerator = _random._torch().accelerator.current_accelerator() if self._pin_memory else None
+        if accelerator is not None and accelerator.type == "mps":  # torch 2.13: MPS cannot pin yet (its issue 86060)
+            self._pin_memory = False
+            warnings.warn(
+                "'pin_memory' argument is set as true but not supported on MPS now, "
+                "device pinned memory won't be used.",
+                stacklevel=3,
+            )
         self._timeout = loader.timeout
         self._collate_fn = loader.collate_fn
         self._worker_method = loader.worker_method

@@ -1,9 +1,10 @@
 """Stand-ins for notebook 07 (pinned memory) on a machine without an accelerator.
 
 torch's ``Tensor.pin_memory()`` raises where no accelerator exists, so ``FakePinnable`` pins "by copy" the way a
-tensor does, and lets ``pin_memory()`` and the pin thread run for real; ``lock_pages`` shows the operating
-system's half of pinning (``mlock``, Linux and macOS). These live in the package, not in a notebook cell, because
-the pin thread and worker processes run them. Nothing here is part of PyTorch.
+tensor does, and lets ``pin_memory()`` and the pin thread run for real; ``lock_pages`` shows what the operating
+system offers by itself (``mlock``, Linux and macOS: kept in RAM, not fixed in place as a pinned buffer is).
+These live in the package, not in a notebook cell, because the pin thread and worker processes run them.
+Nothing here is part of PyTorch.
 """
 
 from __future__ import annotations
@@ -81,8 +82,9 @@ def _libc() -> ctypes.CDLL:
 def lock_pages(array: np.ndarray) -> Iterator[np.ndarray]:
     """Lock ``array``'s memory in RAM with ``mlock`` for the ``with`` block, then unlock it.
 
-    Locked pages are all mapped in at once and stay at their physical addresses: what page-locked
-    ("pinned") memory means. Raises OSError, saying why, if the OS refuses (``ulimit -l`` too small).
+    ``mlock`` maps every page in at once and promises only that none is swapped out: Linux may still move a
+    locked page to another physical frame, so this is not CUDA's pinning (the driver fixes the pages for the
+    device itself). Raises OSError, saying why, if the OS refuses (``ulimit -l`` too small).
     """
     libc = _libc()
     address, size = ctypes.c_void_p(array.ctypes.data), ctypes.c_size_t(array.nbytes)

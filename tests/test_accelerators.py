@@ -15,7 +15,8 @@ from minidl_course import accelerators  # noqa: E402
 
 DATA = torch.arange(20.0).view(10, 2)
 MPS_WARNING = "'pin_memory' argument is set as true but not supported on MPS now, device pinned memory won't be used."
-CPU_WARNING = "'pin_memory' argument is set as true but no accelerator is found, then device pinned memory won't be used."
+CPU_WARNING = ("'pin_memory' argument is set as true but no accelerator is found, "
+               "then device pinned memory won't be used.")
 
 
 def test_cpu_only_machine():
@@ -51,3 +52,22 @@ def test_cuda_reported(monkeypatch):
         assert row.our_warnings == row.their_warnings == []
         assert row.same_batches and row.batches == 3
         assert row.here() == f"{row.setting}: no warning (batches pinned: False)"  # the fake pins by a plain copy
+
+
+@pytest.mark.usefixtures("no_leaks")
+@pytest.mark.parametrize("machine", ["cpu", "mps"])
+def test_pretend_cuda_starts_minidl_pin_thread_on_any_machine(machine, monkeypatch):
+    """07 runs the real pin thread on stand-in batches: on a Mac too, where minidl would otherwise not pin."""
+    import minidl
+    from minidl_course import toy
+    from minidl_course.pinning_demo import fake_pinnable_collate
+
+    if machine == "mps":
+        report_mps(monkeypatch)
+    with accelerators.pretend_cuda():
+        loader = minidl.DataLoader(toy.RangeDataset(6), batch_size=2, num_workers=2, pin_memory=True,
+                                   collate_fn=fake_pinnable_collate)
+        batches = list(loader)
+    assert [b.value.tolist() for b in batches] == [[0, 1], [2, 3], [4, 5]]
+    assert {b.pinned_in for b in batches} == {"minidl_pin_memory"}
+    assert accelerators.accelerator() == machine  # and torch answers as before once the block is left

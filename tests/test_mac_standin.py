@@ -114,3 +114,21 @@ def test_the_notebooks_make_mac_leaves_out_start_no_process_and_ask_the_platform
         modules = re.findall(r"minidl\.course\.exercises\.(\w+)", code)  # an exercise's checker runs code too
         code += "".join((ROOT / "minidl" / "course" / "exercises" / f"{m}.py").read_text() for m in modules)
         assert not PLATFORM_OR_PROCESS.findall(code), (rel, PLATFORM_OR_PROCESS.findall(code))
+
+
+def test_torch_reports_apple_mps_and_both_loaders_turn_pinning_off():
+    got = run("import json, warnings, torch, torch.utils.data as tud\n"
+              "import minidl\n"
+              "def said(loader):\n"
+              "    with warnings.catch_warnings(record=True) as caught:\n"
+              "        warnings.simplefilter('always')\n"
+              "        pinned = [b[0].is_pinned() for b in loader]\n"
+              "    return [str(w.message) for w in caught if 'pin_memory' in str(w.message)], any(pinned)\n"
+              "if __name__ == '__main__':\n"
+              "    data = torch.arange(8.0)\n"
+              "    print(json.dumps([torch.backends.mps.is_available(), str(torch.accelerator.current_accelerator()),\n"
+              "                      said(minidl.DataLoader(minidl.TensorDataset(data), batch_size=4,\n"
+              "                                             pin_memory=True, num_workers=2)),\n"
+              "                      said(tud.DataLoader(tud.TensorDataset(data), batch_size=4, pin_memory=True))]))\n")
+    mps = "'pin_memory' argument is set as true but not supported on MPS now, device pinned memory won't be used."
+    assert got == [True, "mps", [[mps], False], [[mps], False]]

@@ -499,3 +499,26 @@ def test_a_traced_loader_records_one_pin_span_per_batch(name):
     assert sorted(e["batch"] for e in pins) == list(range(6))
     assert {e["lane"] for e in pins} == ({"main"} if pinner == "MainThread" else {"pin"})
     assert all(e["end"] >= e["start"] for e in pins)
+
+
+# --- Apple's MPS: torch 2.13 turns pinning off there, with its own warning --------------------------
+
+@pytest.mark.usefixtures("no_leaks")
+@pytest.mark.parametrize("name", LOADERS)
+def test_on_mps_warns_like_torch_and_does_not_pin(name, monkeypatch):
+    from accelerator_fakes import report_mps
+
+    report_mps(monkeypatch)  # both libraries now see MPS; anything that pinned would raise on this CPU build
+    ours_kw, torch_kw = LOADERS[name]
+    dataset = minidl.TensorDataset(torch.arange(20.0).view(10, 2), torch.arange(10))
+    ours, our_warnings = pin_warnings(minidl.DataLoader(dataset, batch_size=3, pin_memory=True, **ours_kw))
+    theirs, their_warnings = pin_warnings(tud.DataLoader(tud.TensorDataset(*dataset.tensors), batch_size=3,
+                                                         pin_memory=True, **torch_kw))
+    assert their_warnings == ["'pin_memory' argument is set as true but not supported on MPS now, "
+                              "device pinned memory won't be used."]
+    assert our_warnings == their_warnings
+    assert len(ours) == len(theirs) == 4
+    for (x, y), (tx, ty) in zip(ours, theirs):
+        assert torch.equal(x, tx) and torch.equal(y, ty)
+        assert not x.is_pinned() and not y.is_pinned()
+    assert not pin_thread_alive()

@@ -8,6 +8,10 @@ Python imports ``sitecustomize`` at start-up in every process (the notebook kern
   ("file_descriptor")`` raises torch's own ValueError, as on a Mac);
 - psutil's ``memory_full_info()`` without ``pss`` (macOS gives rss, vms, pfaults, pageins, uss);
 - no ``os.sched_getaffinity`` (Linux only);
+- Apple silicon's accelerator: ``torch.backends.mps.is_available()`` and ``torch.mps.is_available()`` answer True
+  and ``torch.accelerator`` names ``mps`` as current and available, so torch's ``DataLoader`` and minidl's turn
+  ``pin_memory=True`` off with torch's MPS warning, and the course's ``minidl_course.accelerators`` says "MPS".
+  Only these Python answers change: a tensor created on, or moved to, ``"mps"`` still raises (no course cell does);
 - ``/proc`` and ``/dev/shm`` unreadable (FileNotFoundError) for the course's own code: ``open``, ``os.listdir``,
   ``os.scandir``, ``os.stat``, ``os.readlink``, ``os.statvfs``, ``os.open`` and what is built on them
   (``pathlib``, ``shutil.disk_usage``, ``os.path.exists``) called from ``minidl``, a notebook cell or a script,
@@ -111,7 +115,21 @@ def _mac_psutil(module) -> None:
     module.Process.memory_full_info = memory_full_info
 
 
-_PATCHES = {"torch.multiprocessing": _mac_torch_multiprocessing, "psutil": _mac_psutil}
+def _mac_mps_available(module) -> None:  # torch.mps and torch.backends.mps
+    module.is_available = lambda: True
+
+
+def _mac_accelerator(module) -> None:  # torch.accelerator: a Mac's build has MPS compiled in
+    def current_accelerator(check_available: bool = False):
+        return sys.modules["torch"].device("mps")
+
+    current_accelerator.__doc__ = module.current_accelerator.__doc__
+    module.current_accelerator = current_accelerator
+
+
+_PATCHES = {"torch.multiprocessing": _mac_torch_multiprocessing, "psutil": _mac_psutil,
+            "torch.accelerator": _mac_accelerator, "torch.mps": _mac_mps_available,
+            "torch.backends.mps": _mac_mps_available}
 
 
 class _PatchingLoader(importlib.abc.Loader):
