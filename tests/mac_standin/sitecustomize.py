@@ -20,7 +20,7 @@ Python imports ``sitecustomize`` at start-up in every process (the notebook kern
 
 What it is not: the C library, the kernel, torch's C++ (its file_system storage still lives in /dev/shm through
 ``torch_shm_manager``), ``sys.platform`` (still ``linux``: faking it breaks the standard library) and Apple silicon's
-speed. See README, "A Mac stand-in".
+speed. See CONTRIBUTING.md, "The Mac stand-in".
 """
 
 import builtins
@@ -33,6 +33,11 @@ import sys
 from collections import namedtuple
 
 multiprocessing.set_start_method("spawn", force=True)
+# multiprocessing's shared memory (RawValue, Value) lives in a file under /dev/shm on Linux only; a Mac's
+# CPython puts it in the temporary directory (multiprocessing.heap.Arena has no candidates there).
+import multiprocessing.heap  # noqa: E402
+
+multiprocessing.heap.Arena._dir_candidates = []
 
 _HIDDEN = ("/proc", "/dev/shm")
 _STDLIB = tuple({os.path.dirname(os.__file__) + os.sep} - {""})
