@@ -70,8 +70,7 @@ def source_path(package: str, relative: str) -> Path:
 
 
 def _variant(source, rng: np.random.Generator):
-    """One new picture from ``source``: a crop of random place and size, rescaled to ImageNet-like sides, maybe
-    flipped."""
+    """One new picture from ``source``: a random crop resized to ImageNet-like sides, maybe flipped."""
     from PIL import Image
 
     width, height = (int(v) for v in rng.integers(SIDES[0], SIDES[1] + 1, size=2))
