@@ -100,7 +100,8 @@ def photo_folder(per_class: int = 32, seed: int = 0, cache: str | Path | None = 
     root = Path(cache or cache_dir()) / (name or f"photos-v{PHOTO_SET_VERSION}-{per_class}x{len(SOURCES)}-seed{seed}")
     if (root / MARKER).is_file():
         return root
-    shutil.rmtree(root, ignore_errors=True)  # half-made: start again
+    if root.exists():
+        shutil.rmtree(root, ignore_errors=True)  # half-made (no marker): start again
     tmp = root.with_name(f"{root.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     for label, (cls, package, relative) in enumerate(SOURCES):
