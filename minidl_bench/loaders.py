@@ -41,8 +41,9 @@ from minidl_bench import workloads
 from minidl_bench.batches import check_first_batches, first_batches, same_batch  # noqa: F401 (notebook 10 uses them)
 from minidl_bench.harness import Session, Timing, median_ci, missing
 from minidl_bench.machine import core_count, machine_info, worker_sweep
+from minidl_course import photos
 
-REQUIRES = ("torch", "psutil", "PIL")
+REQUIRES = ("torch", "psutil", "PIL", "skimage")  # skimage: its installed files are the photographs
 BACKENDS = ("torch", "minidl process", "minidl thread")
 BATCH_SIZE = 32
 CHECK_BATCHES = 2  # batches compared across backends before timing
@@ -64,8 +65,7 @@ class Sizes:
     numpy: int
     numpy_images: int  # distinct images held in memory (samples reuse them round-robin)
     images: int
-    image_files_per_class: int
-    image_set: str  # cache folder name (see workloads.image_folder)
+    image_files_per_class: int  # JPEGs cut from each of photos.SOURCES's photographs (see photos.photo_folder)
     io: int
     io_latency: float
     repeats: int
@@ -76,16 +76,16 @@ class Sizes:
     memory_interval: float = 0.2
 
 
-FULL = Sizes(python=640, python_side=32, numpy=8192, numpy_images=4096, images=768, image_files_per_class=300,
-             image_set=f"images-v{workloads.IMAGE_SET_VERSION}", io=384, io_latency=0.004, repeats=11)
-QUICK = Sizes(python=64, python_side=12, numpy=256, numpy_images=256, images=64, image_files_per_class=7,
-              image_set=f"images-v{workloads.IMAGE_SET_VERSION}-quick", io=64, io_latency=0.001, repeats=3,
+FULL = Sizes(python=640, python_side=32, numpy=8192, numpy_images=4096, images=576, image_files_per_class=64,
+             io=384, io_latency=0.004, repeats=11)
+QUICK = Sizes(python=64, python_side=12, numpy=256, numpy_images=256, images=64, image_files_per_class=8,
+              io=64, io_latency=0.001, repeats=3,
               workers=(0, 2), memory_interval=0.02)  # epochs of ~0.1 s: sample often, speed matters not
 
 
 def make_workloads(sizes: Sizes) -> dict[str, Any]:
-    """The four datasets, by name (the image folder is generated on first use and cached)."""
-    root = workloads.image_folder(sizes.image_files_per_class, name=sizes.image_set)
+    """The four datasets, by name (the photo folder is cut on first use and cached)."""
+    root = photos.photo_folder(sizes.image_files_per_class)
     return {
         "python": workloads.PythonWorkload(sizes.python, side=sizes.python_side),
         "numpy": workloads.NumpyWorkload(sizes.numpy, pool=sizes.numpy_images),
@@ -243,7 +243,7 @@ def run(session: Session) -> None:
     import warnings
 
     sizes = QUICK if session.quick else FULL
-    session.log(f"[loaders] preparing workloads (the image folder is generated once, into {workloads.cache_dir()})")
+    session.log(f"[loaders] preparing workloads (the photo folder is cut once, into {photos.cache_dir()})")
     datasets = make_workloads(sizes)
     results: dict[Key, list[Epoch]] = {}
     session.plan(len(datasets) * sum(len(backends_for(w)) for w in sizes.workers) * (sizes.repeats + 1))

@@ -39,16 +39,17 @@ from minidl_bench.loaders import (
 )
 from minidl_bench.machine import core_count, machine_info
 
-REQUIRES = ("numpy", "psutil", "PIL", "tqdm")  # what .venv (GIL) and .venv-ft (free-threaded) both have
+# What .venv (GIL) and .venv-ft (free-threaded) both have; skimage's installed files are the photographs.
+REQUIRES = ("numpy", "psutil", "PIL", "tqdm", "skimage")
 BACKENDS = ("thread", "process")  # worker_method "thread" and "multiprocessing"; "serial" has no workers
 BATCH_SIZE = 32
 SEED = 0
 
 # FULL takes about 2.5 minutes per interpreter on 2 cores; QUICK about 15 seconds.
-FULL = Sizes(python=384, python_side=32, numpy=4096, numpy_images=2048, images=320, image_files_per_class=32,
-             image_set=f"images-v{workloads.IMAGE_SET_VERSION}-threads", io=192, io_latency=0.004, repeats=7)
-QUICK = Sizes(python=64, python_side=12, numpy=256, numpy_images=256, images=64, image_files_per_class=7,
-              image_set=f"images-v{workloads.IMAGE_SET_VERSION}-quick", io=64, io_latency=0.001, repeats=3,
+FULL = Sizes(python=384, python_side=32, numpy=4096, numpy_images=2048, images=288, image_files_per_class=32,
+             io=192, io_latency=0.004, repeats=7)
+QUICK = Sizes(python=64, python_side=12, numpy=256, numpy_images=256, images=64, image_files_per_class=8,
+              io=64, io_latency=0.001, repeats=3,
               workers=(0, 1, 2, 4), memory_interval=0.02)
 
 Key = tuple[str, str, int]  # (workload, backend, num_workers); num_workers 0 is backend "serial"

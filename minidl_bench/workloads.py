@@ -2,8 +2,9 @@
 
 * ``PythonWorkload``: a pure-Python pixel loop, holding the GIL the whole time;
 * ``NumpyWorkload``: crop, flip and normalise in-memory uint8 images with NumPy (releases the GIL in part);
-* ``ImageFolderWorkload``: decode and augment JPEGs with Pillow (decoding releases the GIL), from a folder
-  of generated images that ``image_folder()`` writes once into a cache outside the repository;
+* ``ImageFolderWorkload``: decode real photographs with Pillow (decoding releases the GIL) and augment them
+  as timm's ``create_loader`` does, from the JPEG folder ``minidl_course.photos.photo_folder()`` cuts once
+  from the pictures scikit-image and matplotlib ship, into a cache outside the repository;
 * ``IoWorkload``: ``time.sleep`` per sample, as reading from network storage, plus a small payload.
 
 Each is a plain class with ``__len__`` and ``__getitem__``, so ``torch.utils.data.DataLoader`` and
@@ -14,18 +15,17 @@ and worker method returns identical batches, which is what lets the suites check
 
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 
+from minidl_course import photos
+
 MEAN = (0.485, 0.456, 0.406)  # ImageNet's channel statistics, as in torchvision's Normalize
 STD = (0.229, 0.224, 0.225)
 NUM_CLASSES = 10
-IMAGE_SET_VERSION = 1  # bump when image_folder() draws different images: the cache folder's name changes
 
 Sample = tuple[np.ndarray, int]  # (image-like array, label): default_collate batches both
 
@@ -100,38 +100,24 @@ class NumpyWorkload:
 
 
 class ImageFolderWorkload:
-    """JPEGs in class folders (``root/<class>/<file>.jpg``): decode, random-resized-crop to ``size``, flip.
+    """The photographs of ``root`` (a ``photo_folder()``): decode, random-resized-crop to ``size``, flip.
 
-    ``limit`` keeps the first ``limit`` files taken round-robin over the classes, so a short epoch still
-    sees every class. Samples are CHW uint8 arrays, as torchvision's ``PILToTensor`` gives.
+    timm's training transforms (``minidl_course.photos.train_transform``), drawing from a stream seeded by
+    the sample's index rather than the worker's. ``limit`` keeps the first ``limit`` files, taken round-robin
+    over the classes, so a short epoch still sees every class. Samples are CHW uint8 arrays.
     """
 
-    def __init__(self, root: str | Path, limit: int | None = None, size: int = 128) -> None:
-        root = Path(root)
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        per_class = [sorted((root / c).glob("*.jpg")) for c in classes]
-        # Round-robin over classes: file 0 of every class, then file 1 of every class, ...
-        ranked = sorted((rank, label, path) for label, files in enumerate(per_class) for rank, path in enumerate(files))
-        self.samples = [(str(path), label) for _, label, path in ranked[:limit]]
-        self.classes, self.size = classes, size
+    def __init__(self, root: str | Path, limit: int | None = None, size: int = 224) -> None:
+        self.photos = photos.Photos(root, limit=limit)
+        self.transform = photos.train_transform(size)
+        self.samples, self.classes, self.size = self.photos.samples, self.photos.classes, size
 
     def __len__(self) -> int:
-        return len(self.samples)
+        return len(self.photos)
 
     def __getitem__(self, index: int) -> Sample:
-        from PIL import Image  # imported here: the other workloads run without Pillow
-
-        path, label = self.samples[index]
-        rng = np.random.default_rng(index)
-        with Image.open(path) as img:
-            img = img.convert("RGB")  # decodes the JPEG (Pillow releases the GIL while it decodes)
-        width, height = img.size
-        side = int(min(width, height) * rng.uniform(0.5, 1.0))
-        x, y = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
-        img = img.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(x, y, x + side, y + side))
-        if rng.random() < 0.5:
-            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return np.ascontiguousarray(np.asarray(img).transpose(2, 0, 1)), label
+        image, label = self.photos.load(index)
+        return self.transform(image, random.Random(index)), label
 
 
 class IoWorkload:
@@ -147,43 +133,3 @@ class IoWorkload:
         time.sleep(self.latency)  # a blocking wait: the GIL is released, no core is busy
         data = np.random.default_rng(index).integers(0, 256, size=self.payload, dtype=np.uint8)
         return data, index % NUM_CLASSES
-
-
-# --- the generated image folder -------------------------------------------------------------------
-
-def cache_dir() -> Path:
-    """Where generated data is kept between runs: ``$XDG_CACHE_HOME/minidl`` or ``~/.cache/minidl``."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minidl"
-
-
-def image_folder(per_class: int, name: str | None = None, seed: int = 0, cache: Path | None = None) -> Path:
-    """An imagenette-like folder: 10 classes x ``per_class`` JPEGs, 320 pixels high, made once and reused.
-
-    The images are smooth random colour fields plus noise (so they compress like photos, ~40 KB each),
-    drawn from ``seed``, in ``cache / name`` (``cache_dir()``, ``images-v<version>`` by default). They are
-    written to a temporary folder first and renamed into place, so a run that is interrupted, or two
-    runs at once, never leave a half-made set behind.
-    """
-    from PIL import Image
-
-    root = (cache or cache_dir()) / (name or f"images-v{IMAGE_SET_VERSION}")
-    if root.is_dir():
-        return root
-    tmp = root.with_name(f"{root.name}.tmp-{os.getpid()}")
-    rng = np.random.default_rng(seed)
-    for label in range(NUM_CLASSES):
-        folder = tmp / f"class_{label:02d}"
-        folder.mkdir(parents=True)
-        tint = rng.integers(-40, 41, size=3)  # each class leans towards its own colour
-        for i in range(per_class):
-            width = int(rng.integers(320, 481))
-            coarse = np.clip(rng.integers(0, 256, size=(6, 8, 3)) + tint, 0, 255).astype(np.uint8)
-            smooth = np.asarray(Image.fromarray(coarse).resize((width, 320), Image.Resampling.BICUBIC))
-            noisy = smooth.astype(np.int16) + rng.normal(0, 10, size=smooth.shape).astype(np.int16)
-            image = Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8))
-            image.save(folder / f"{i:05d}.jpg", quality=90)
-    try:
-        tmp.rename(root)
-    except OSError:  # another run finished the same set first: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
-    return root

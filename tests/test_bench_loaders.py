@@ -19,6 +19,7 @@ from benchtools import check_rows, read_csv, run_bench
 from minidl_bench.harness import missing
 from minidl_bench.machine import MACHINE_FIELDS
 
+# scikit-image is not in the list: it is a pinned dependency, and without it the photo folder fails, saying so.
 pytestmark = pytest.mark.skipif(bool(missing("torch", "psutil", "PIL")), reason="needs torch, psutil and Pillow")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,13 +32,18 @@ def by_key(rows: list[dict[str, str]]) -> dict[tuple[str, str, int, int], dict[s
 
 @pytest.fixture(scope="module")
 def quick_run(tmp_path_factory) -> tuple[Path, str]:
-    """Both suites in quick mode, in a fresh interpreter, with a fresh image cache; (out folder, output)."""
+    """Both suites in quick mode, in a fresh interpreter, with a fresh photo cache; (out folder, output)."""
+    from minidl_bench.loaders import QUICK
+    from minidl_course import photos
+
     out = tmp_path_factory.mktemp("bench")
     cache = tmp_path_factory.mktemp("cache")
     result = run_bench("loaders", "overhead", "--quick", "--out", str(out), timeout=280,
                        env={"XDG_CACHE_HOME": str(cache)})
     assert result.returncode == 0, result.stderr
-    assert (cache / "minidl" / "images-v1-quick").is_dir()
+    made = photos.photo_folder(QUICK.image_files_per_class, cache=cache / "minidl")  # already there: found, not made
+    assert (made / photos.MARKER).is_file() and made.parent == cache / "minidl"
+    assert len(list(made.glob("*/*.jpg"))) == QUICK.image_files_per_class * len(photos.CLASSES) >= QUICK.images
     return out, result.stdout + result.stderr
 
 
@@ -126,11 +132,9 @@ def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick
 @pytest.fixture(scope="module")
 def small_workloads(tmp_path_factory):
     from minidl_bench import workloads
+    from minidl_course import photos
 
-    cache = tmp_path_factory.mktemp("images")
-    root = workloads.image_folder(2, name="tiny", cache=cache)
-    assert root == cache / "tiny" and workloads.image_folder(2, name="tiny", cache=cache) == root  # made once
-    assert len(list(root.glob("class_*/*.jpg"))) == 20
+    root = photos.photo_folder(1, cache=tmp_path_factory.mktemp("photos"))  # one JPEG per photograph: 9
     return {"python": workloads.PythonWorkload(6, side=4), "numpy": workloads.NumpyWorkload(6, pool=4),
             "images": workloads.ImageFolderWorkload(root, limit=6), "io": workloads.IoWorkload(6, latency=0.0)}
 
@@ -147,8 +151,9 @@ def test_workloads_are_deterministic_and_collate_the_same_in_minidl_and_torch(sm
         ours = minidl.default_collate([dataset[i] for i in range(4)])
         theirs = torch.utils.data.default_collate([dataset[i] for i in range(4)])
         assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(ours, theirs)), name
-    assert small_workloads["images"].classes[:2] == ["class_00", "class_01"]
-    assert [label for _, label in small_workloads["images"].samples] == [0, 1, 2, 3, 4, 5]  # round-robin
+    images = small_workloads["images"]
+    assert images.classes[:2] == ["astronaut", "cat"] and images[0][0].shape == (3, 224, 224)
+    assert [label for _, label in images.samples] == [0, 1, 2, 3, 4, 5]  # round-robin
 
 
 def test_workloads_load_by_reference_in_a_fresh_interpreter(small_workloads):

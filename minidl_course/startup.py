@@ -1,0 +1,76 @@
+"""What a loader's start costs: the start method its workers come from, the first batch's wait, the steady pace.
+
+A process worker is made by fork (a copy of the parent, Linux's default to Python 3.13), forkserver (a copy
+of a small server process, Linux's default from 3.14) or spawn (a fresh interpreter that imports NumPy,
+minidl and torch again: macOS's and Windows' default). ``startup_cost`` names the method a loader uses and
+times one epoch of a fresh loader: the wait for the first batch beside the time per batch after it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+def start_method(loader: Any) -> str:
+    """How ``loader`` (minidl's or torch's) starts its workers: fork, forkserver, spawn, thread, or main process."""
+    if getattr(loader, "num_workers", 0) == 0:
+        return "main process"
+    if getattr(loader, "worker_method", None) == "thread":  # minidl only
+        return "thread"
+    context = getattr(loader, "multiprocessing_context", None)
+    if context is None:
+        return multiprocessing.get_start_method()  # the default, fixing it if nothing has yet (as a loader would)
+    return context if isinstance(context, str) else context.get_start_method()
+
+
+@dataclass(frozen=True)
+class StartupCost:
+    """One epoch of one loader: how its workers start, the wait for batch 1, and the mean time per batch after."""
+
+    start_method: str
+    first_batch_s: float  # iter() until the first batch is in hand: starting the workers, then one batch
+    per_batch_s: float  # from the first batch to the last, per batch (worker shutdown not included)
+    batches: int
+
+    @property
+    def startup_s(self) -> float:
+        """What the first batch took beyond an ordinary batch: the start itself."""
+        return max(0.0, self.first_batch_s - self.per_batch_s)
+
+    @property
+    def steady_s(self) -> float:
+        """The rest of the epoch: every batch after the first, at the steady pace."""
+        return self.per_batch_s * (self.batches - 1)
+
+    @property
+    def dominant(self) -> str:
+        """``"start-up"`` if starting took longer than the rest of the epoch, else ``"the batches"``."""
+        return "start-up" if self.startup_s > self.steady_s else "the batches"
+
+    def __str__(self) -> str:
+        worth = self.startup_s / self.per_batch_s if self.per_batch_s > 0 else float("inf")
+        return (f"{self.start_method}: first batch {self.first_batch_s:.3f} s, then {self.per_batch_s * 1e3:.1f} ms "
+                f"a batch; start-up {self.startup_s:.3f} s (~{worth:.0f} batches' worth) against "
+                f"{self.steady_s:.3f} s for the other {self.batches - 1} batches: {self.dominant} dominate"
+                f"{'s' if self.dominant == 'start-up' else ''}")
+
+
+def startup_cost(make_loader: Callable[[], Iterable]) -> StartupCost:
+    """Time one epoch of a fresh ``make_loader()``: its start method, first-batch wait and steady time per batch.
+
+    A fresh loader each call, so its workers start as an epoch without ``persistent_workers`` starts them.
+    The epoch needs two batches at least (one to wait for, one to pace).
+    """
+    loader = make_loader()
+    method = start_method(loader)
+    stamps = []  # when each batch was in hand; the shutdown after the last one is not a batch's cost
+    start = time.perf_counter()
+    for _ in loader:
+        stamps.append(time.perf_counter())
+    if len(stamps) < 2:
+        raise ValueError(f"make_loader should give a loader of at least 2 batches, got {len(stamps)}")
+    return StartupCost(method, stamps[0] - start, (stamps[-1] - stamps[0]) / (len(stamps) - 1), len(stamps))

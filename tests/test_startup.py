@@ -1,0 +1,83 @@
+"""Tests for minidl_course.startup: the start method a loader uses, and what its first batch costs.
+
+No speed is asserted: only which method is named, how many batches were counted, and that a wait put
+into every worker's start shows in the first batch's time (it cannot come out shorter than the wait).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from functools import partial
+
+import pytest
+import torch.utils.data
+
+import minidl
+from minidl_course.startup import StartupCost, start_method, startup_cost
+
+START_WAIT = 0.3  # seconds every worker sleeps in worker_init_fn
+
+
+class SleepAtStart:
+    """A worker_init_fn that waits ``seconds`` (top level: spawned workers import it by name)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def __call__(self, worker_id: int) -> None:
+        time.sleep(self.seconds)
+
+
+def minidl_loader(num_workers: int, **kwargs):
+    return minidl.DataLoader(list(range(24)), batch_size=4, num_workers=num_workers, **kwargs)
+
+
+def test_start_method_names_how_workers_start():
+    default = multiprocessing.get_start_method()
+    assert start_method(minidl_loader(0)) == "main process"
+    assert start_method(minidl_loader(2, worker_method="thread")) == "thread"
+    assert start_method(minidl_loader(2)) == default
+    assert start_method(minidl_loader(2, multiprocessing_context="spawn")) == "spawn"
+    context = multiprocessing.get_context("forkserver")
+    assert start_method(torch.utils.data.DataLoader(range(8), num_workers=2, multiprocessing_context=context)) == \
+        "forkserver"
+    assert start_method(torch.utils.data.DataLoader(range(8), num_workers=2)) == default
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("kind", ["minidl process", "minidl thread", "torch"])
+def test_startup_cost_counts_the_epoch_and_puts_the_start_in_the_first_batch(kind, no_leaks):
+    init = SleepAtStart(START_WAIT)
+    if kind == "torch":
+        make = partial(torch.utils.data.DataLoader, list(range(24)), batch_size=4, num_workers=2, worker_init_fn=init)
+    else:
+        make = partial(minidl_loader, 2, worker_init_fn=init,
+                       worker_method="thread" if kind == "minidl thread" else "multiprocessing")
+    cost = startup_cost(make)
+    expected = "thread" if kind == "minidl thread" else multiprocessing.get_start_method()
+    assert cost.start_method == expected and cost.batches == 6
+    assert cost.first_batch_s >= START_WAIT and cost.per_batch_s >= 0
+    assert str(cost).startswith(f"{expected}: first batch ") and "for the other 5 batches: " in str(cost)
+
+
+def test_startup_cost_of_a_loader_without_workers():
+    cost = startup_cost(partial(minidl_loader, 0))
+    assert (cost.start_method, cost.batches) == ("main process", 6)
+
+
+def test_startup_cost_needs_two_batches_and_says_so():
+    with pytest.raises(ValueError, match="make_loader .* at least 2 batches, got 1"):
+        startup_cost(partial(minidl.DataLoader, list(range(3)), batch_size=4))
+
+
+def test_summary_says_which_part_dominates():
+    slow_start = StartupCost("spawn", first_batch_s=1.01, per_batch_s=0.01, batches=11)
+    assert slow_start.startup_s == pytest.approx(1.0) and slow_start.steady_s == pytest.approx(0.1)
+    assert slow_start.dominant == "start-up"
+    assert str(slow_start) == ("spawn: first batch 1.010 s, then 10.0 ms a batch; start-up 1.000 s (~100 batches' "
+                               "worth) against 0.100 s for the other 10 batches: start-up dominates")
+    long_epoch = StartupCost("fork", first_batch_s=0.05, per_batch_s=0.01, batches=101)
+    assert long_epoch.dominant == "the batches" and str(long_epoch).endswith(": the batches dominate")
+    quicker_than_a_batch = StartupCost("thread", first_batch_s=0.005, per_batch_s=0.01, batches=3)
+    assert quicker_than_a_batch.startup_s == 0.0 and quicker_than_a_batch.dominant == "the batches"
