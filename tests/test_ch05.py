@@ -50,6 +50,7 @@ def test_workers_needed_uncapped_is_batch_time_over_step_rounded_up():
     assert ch05.workers_needed_uncapped(SimpleNamespace(batch_time=1.0, consumer_step=0.0, workers_needed=3)) == 3
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_sweep_times_every_setting_and_derives_speedups_from_its_own_rounds():
     images = K.make_images(8, seed=0)
