@@ -36,7 +36,7 @@ def group_members(pgid: int) -> list[int]:
 
 @pytest.mark.timeout(60)
 def test_a_child_that_overstays_is_killed_and_says_so():
-    run = ch06.run_child(["after", "sigkill", CHILDREN], hang_s=0.05)  # cannot even import torch in 50 ms
+    run = ch06.run_child(["after", "sigkill", CHILDREN], hang_s=0.05, startup_s=0.05)  # torch takes longer to import
     assert run["hung"]
     assert run["lines"][-1] == {"hung": 0.05}
     assert run["returncode"] == -signal.SIGKILL
@@ -45,7 +45,8 @@ def test_a_child_that_overstays_is_killed_and_says_so():
 
 @pytest.mark.timeout(60)
 def test_the_watchdog_takes_the_childs_workers_with_it():
-    # A child whose worker process sleeps for a minute: the watchdog must end both, worker first among them.
+    # A child whose worker process sleeps for a minute: each rearm() puts the deadline off, and once the child
+    # stops re-arming the watchdog ends it and its worker.
     script = textwrap.dedent("""
         import multiprocessing, os, time
         from minidl_course import ch06
@@ -53,7 +54,11 @@ def test_the_watchdog_takes_the_childs_workers_with_it():
             worker = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
             worker.start()
             print(worker.pid, os.getpid(), flush=True)
-            ch06._watchdog(1.0)
+            watchdog = ch06._Watchdog(hang_s=1.0, startup_s=1.0)
+            for _ in range(3):
+                time.sleep(0.6)
+                watchdog.rearm()
+            print("alive after", 1.8, flush=True)
             time.sleep(60)
     """)
     start = time.monotonic()
@@ -61,7 +66,7 @@ def test_the_watchdog_takes_the_childs_workers_with_it():
                           start_new_session=True)
     assert time.monotonic() - start < 40  # far short of the worker's 60 s sleep
     worker_pid, child_pid = map(int, proc.stdout.split()[:2])
-    assert '{"hung": 1.0}' in proc.stdout
+    assert "alive after 1.8" in proc.stdout and proc.stdout.rstrip().endswith('{"hung": 1.0}')
     assert not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE
     assert group_members(child_pid) == []
 
