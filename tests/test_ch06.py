@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import multiprocessing
-import os
 import signal
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import time
 
 import psutil
 import pytest
+from loadertools import alive_in_group
 
 import minidl
 from minidl_course import ch06
@@ -22,25 +22,13 @@ CHILDREN = "spawn" if multiprocessing.get_start_method() == "forkserver" else mu
 TORCH_MESSAGES = (ch06.TORCH_OUTER, "DataLoader worker (pid <pid>)")
 
 
-def group_members(pgid: int) -> list[int]:
-    """Processes (zombies aside) still in process group ``pgid``."""
-    members = []
-    for proc in psutil.process_iter(["pid", "status"]):
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.info["status"] != psutil.STATUS_ZOMBIE:
-                members.append(proc.pid)
-        except (ProcessLookupError, psutil.Error):
-            pass
-    return members
-
-
 @pytest.mark.timeout(60)
 def test_a_child_that_overstays_is_killed_and_says_so():
     run = ch06.run_child(["after", "sigkill", CHILDREN], hang_s=0.05, startup_s=0.05)  # torch takes longer to import
     assert run["hung"]
     assert run["lines"][-1] == {"hung": 0.05}
     assert run["returncode"] == -signal.SIGKILL
-    assert group_members(run["pid"]) == []
+    assert alive_in_group(run["pid"]) == []
 
 
 @pytest.mark.timeout(60)
@@ -68,7 +56,7 @@ def test_the_watchdog_takes_the_childs_workers_with_it():
     worker_pid, child_pid = map(int, proc.stdout.split()[:2])
     assert "alive after 1.8" in proc.stdout and proc.stdout.rstrip().endswith('{"hung": 1.0}')
     assert not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE
-    assert group_members(child_pid) == []
+    assert alive_in_group(child_pid) == []
 
 
 @pytest.mark.slow
