@@ -72,24 +72,29 @@ def run_child(args: list[str], hang_s: float = HANG_S, startup_s: float = STARTU
 
     The watchdog allows ``startup_s`` to the first batch, then ``hang_s`` from each batch to the next event.
     ``lines``: every JSON line it printed, in order (a hung child's last one is ``{"hung": seconds}``);
-    ``hung``: whether the watchdog (or, failing it, this call's own timeout) stopped it;
+    ``hung``: whether the watchdog (or, failing it, this call's own timeout) stopped it; a child that fails
+    otherwise raises ``RuntimeError`` with its stderr;
     ``pid``: the child's, which is also its process group's id.
     Whatever is left of its process group afterwards is killed, so no worker outlives the call.
     """
     cmd = [sys.executable, "-m", "minidl_course.ch06", *args, str(hang_s), str(startup_s)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    timed_out = False
     try:
         # the child's own watchdog ends it first; this allows for the interpreter's start before the watchdog's
         out, err = proc.communicate(timeout=60 + startup_s + 2 * hang_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
+        timed_out = True
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # anything of the group still there (nothing, when all went well)
     except ProcessLookupError:
         pass
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    hung = proc.returncode != 0 or not lines or "hung" in lines[-1]
+    hung = timed_out or bool(lines) and "hung" in lines[-1]
+    if not hung and (proc.returncode != 0 or not lines):  # a broken child is a bug here, not torch's race
+        raise RuntimeError(f"python -m minidl_course.ch06 {' '.join(args)} failed ({proc.returncode}): {err[-2000:]}")
     return {"lines": lines, "hung": hung, "pid": proc.pid, "returncode": proc.returncode, "stderr": err[-2000:]}
 
 

@@ -32,6 +32,12 @@ def test_a_child_that_overstays_is_killed_and_says_so():
 
 
 @pytest.mark.timeout(60)
+def test_a_child_that_fails_is_an_error_not_a_hang():
+    with pytest.raises(RuntimeError, match="KeyError"):
+        ch06.run_child(["no-such-command", "sigkill", CHILDREN])
+
+
+@pytest.mark.timeout(60)
 def test_the_watchdog_takes_the_childs_workers_with_it():
     # A child whose worker process sleeps for a minute: each rearm() puts the deadline off, and once the child
     # stops re-arming the watchdog ends it and its worker.
