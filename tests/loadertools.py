@@ -34,6 +34,22 @@ def alive_children() -> list:
     return alive
 
 
+def alive_in_group(pgid: int) -> list[int]:
+    """Pids of the live processes (zombies aside) in process group ``pgid``: what a killed child left running."""
+    import os
+
+    import psutil
+
+    alive = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
+
+
 def worker_threads() -> list[threading.Thread]:
     """minidl's worker and pin-memory threads still running in this process."""
     return [t for t in threading.enumerate() if t.name.startswith(("minidl_worker", "minidl_pin"))]
