@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from minidl_course.exercises._common import _Checks
+from minidl_course.exercises._common import _Checks, call
 from minidl_course.exercises._measure import agrees, as_number, close, measure_then_judge
 
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
@@ -178,11 +178,7 @@ def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Ca
 def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _Checks) -> None:
     """Your ``thread_speedups`` on the two stand-ins: a list of ``rounds`` ratios, their median near x2 and x1."""
     for standin, want, case in STANDINS:
-        try:
-            got = thread_speedups(standin, 2000, STANDIN_ROUNDS)
-        except Exception as e:
-            e.add_note(f"(raised by your thread_speedups, for {case})")
-            raise
+        got = call(thread_speedups, standin, 2000, STANDIN_ROUNDS, what="thread_speedups", case=case)
         if as_number(got) is not None:
             checks.fail(case, f"thread_speedups returned one number, {got!r}",
                         "return the list of the rounds' speedups (one per round); speedup is their median.")
@@ -209,11 +205,7 @@ def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _C
 def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
     for start, stop in CASES:
         want = collatz_steps_python(start, stop)
-        try:
-            got = kernel(start, stop)
-        except Exception as e:
-            e.add_note(f"(raised by your kernel, for collatz_steps({start}, {stop}))")
-            raise
+        got = call(kernel, start, stop, what="kernel", case=f"collatz_steps({start}, {stop})")
         if got != want:
             hint = "count the steps of every n in range(start, stop), until n reaches 1."
             if got == collatz_steps_python(start, stop + 1):

@@ -13,7 +13,7 @@ from typing import Any
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
-from minidl_course.exercises._common import _Checks, _short, _torch, refuse_reference
+from minidl_course.exercises._common import _Checks, _short, _torch, call, refuse_reference
 
 SECRETS = ("slow_index", "slow_delay", "delay")  # what a dataset that knows it is slow would give away
 # ...and the instance's namespace, which holds them: `dataset.__dict__[...]`, vars(dataset) and dir(dataset)
@@ -91,18 +91,13 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
         dataset = loader.dataset
         case = (f"a traced DataLoader over {n} samples, batch_size={batch_size}, num_workers={workers}, "
                 f"shuffle={shuffle}")
-        try:
-            answer = find_slow_sample(loader)
-        except ValueError as e:
-            if "trace is empty" in str(e):
+        def empty_trace(e: Exception, case: str = case) -> None:
+            if isinstance(e, ValueError) and "trace is empty" in str(e):
                 checks.fail(case, f"diagnose() raised ValueError: {e}",
                             "the trace fills as the loader runs: iterate over the loader (one epoch) first, then read "
                             "loader.trace.")
-            e.add_note(f"(raised by your find_slow_sample, for {case})")
-            raise
-        except Exception as e:
-            e.add_note(f"(raised by your find_slow_sample, for {case})")
-            raise
+
+        answer = call(find_slow_sample, loader, what="find_slow_sample", case=case, explain=empty_trace)
         if dataset.peeks:
             checks.fail(case, f"your function read the dataset's {dataset.peeks[0]!r}",
                         "a dataset doesn't know which sample is slow; the loader's trace does: find it there, by "

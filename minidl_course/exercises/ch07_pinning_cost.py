@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from minidl_course import pinning_demo
-from minidl_course.exercises._common import _Checks
+from minidl_course.exercises._common import _Checks, call
 from minidl_course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge, median_ratio
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
@@ -107,11 +107,7 @@ def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
         before = batch.copy()
         case = f"pin_copy(batch of {nbytes:,} bytes, shape {batch.shape}), call {seed + 1}"
         spy = LockSpy()
-        try:
-            out = pin_copy(batch, spy)
-        except Exception as e:
-            e.add_note(f"(raised by your pin_copy, for {case})")
-            raise
+        out = call(pin_copy, batch, spy, what="pin_copy", case=case)
         if not isinstance(out, np.ndarray):
             checks.fail(case, f"pin_copy should return a numpy.ndarray, but it returned {type(out).__name__}",
                         "return the new buffer (a NumPy array) holding the copy.")

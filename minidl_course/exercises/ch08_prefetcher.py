@@ -22,6 +22,7 @@ from minidl_course.exercises._common import (
     refuse_reference,
     run_watched,
     watch,
+    yours,
 )
 
 
@@ -135,7 +136,13 @@ def _check_prefetch_case(prefetcher, description, batches, mean, std, checks: _C
 
 
 def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, checks: _Checks) -> None:
-    try:
+    def stop_iteration(e: Exception) -> None:
+        if isinstance(e, RuntimeError) and "StopIteration" in str(e):
+            checks.fail(case, f"your prefetcher raised RuntimeError: {e}",
+                        "next(iterator) on an exhausted iterator raises StopIteration, which a generator turns "
+                        "into this error: use next(iterator, None), or a for loop over the loader.")
+
+    with yours("prefetcher", case, stop_iteration):
         for k, item in enumerate(prefetcher(loader, mean, std)):
             log.append(f"yield {k}")
             fetched_then = loader.fetched
@@ -151,16 +158,6 @@ def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, chec
                             "stay one batch ahead, no more: every batch held costs memory (GPU memory, on a GPU).")
             if k >= len(batches):
                 break
-    except RuntimeError as e:
-        if "StopIteration" in str(e):
-            checks.fail(case, f"your prefetcher raised RuntimeError: {e}",
-                        "next(iterator) on an exhausted iterator raises StopIteration, which a generator turns "
-                        "into this error: use next(iterator, None), or a for loop over the loader.")
-        e.add_note(f"(raised by your prefetcher, for {case})")
-        raise
-    except Exception as e:
-        e.add_note(f"(raised by your prefetcher, for {case})")
-        raise
 
 
 def _check_prefetch_result(loader, batches, untouched, got, expected, mean, std, case, checks: _Checks) -> None:
@@ -231,12 +228,9 @@ def _check_prefetcher_with_dataloader(prefetcher, checks: _Checks) -> None:
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     case = "minidl.DataLoader(10 HWC uint8 images, batch_size=4, collate_fn=fast_collate(channels_last=True))"
     want = expected_outputs(list(loader), mean, std)
-    try:
+    with yours("prefetcher", case):
         got = run_watched(Tripwire(_library_prefetchers()), lambda: list(prefetcher(loader, mean, std)),
                           lambda what: checks.fail(case, f"your prefetcher used {what}", DELEGATED.format(what)))
-    except Exception as e:
-        e.add_note(f"(raised by your prefetcher, for {case})")
-        raise
     if len(got) != len(want):
         checks.fail(case, f"the loader has {len(want)} batches, but you yielded {len(got)}")
     for k, (item, (want_x, want_y)) in enumerate(zip(got, want)):

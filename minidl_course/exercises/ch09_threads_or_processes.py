@@ -23,7 +23,7 @@ import numpy as np
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
-from minidl_course.exercises._common import _Checks, _short
+from minidl_course.exercises._common import _Checks, _short, call
 from minidl_course.exercises._measure import as_number, measure_then_judge
 
 METHODS = ("multiprocessing", "thread")
@@ -159,11 +159,8 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
     """Your ``time_methods`` on a stand-in ``run_epoch`` that sleeps 80 ms for processes and 40 ms for threads."""
     case = (f"a stand-in run_epoch(method) that sleeps {STANDIN_SECONDS['multiprocessing'] * 1e3:.0f} ms for "
             f"'multiprocessing' and {STANDIN_SECONDS['thread'] * 1e3:.0f} ms for 'thread'")
-    try:
-        got = time_methods(lambda method: time.sleep(STANDIN_SECONDS[method]), ROUNDS)
-    except Exception as e:
-        e.add_note(f"(raised by your time_methods, for {case})")
-        raise
+    got = call(time_methods, lambda method: time.sleep(STANDIN_SECONDS[method]), ROUNDS, what="time_methods",
+               case=case)
     seconds = _seconds(got, ROUNDS)
     if seconds is None:
         checks.fail(case, f"time_methods(run_epoch, {ROUNDS}) should return {{method: [seconds of each round]}} for "

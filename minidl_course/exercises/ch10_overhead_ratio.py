@@ -18,7 +18,7 @@ from typing import Any
 
 from minidl.dataloader import DataLoader
 from minidl_course import toy
-from minidl_course.exercises._common import _Checks, _torch
+from minidl_course.exercises._common import _Checks, _torch, call
 from minidl_course.exercises._measure import agrees, as_number, close, measure_then_judge
 
 BATCHES = 3000
@@ -109,11 +109,7 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
     for batches, start, every in ((11, 0.2, 0.01), (3, 0.0, 0.05)):
         case = f"a loader of {batches} batches: the first after {start} s, then one every {every} s"
         loader = PacedLoader(batches, start, every)
-        try:
-            got = per_batch_seconds(loader)
-        except Exception as e:
-            e.add_note(f"(raised by your per_batch_seconds, for {case})")
-            raise
+        got = call(per_batch_seconds, loader, what="per_batch_seconds", case=case)
         number = as_number(got)
         if number is None:
             checks.fail(case, f"per_batch_seconds should return a number of seconds, but it returned {got!r}")

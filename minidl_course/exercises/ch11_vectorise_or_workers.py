@@ -22,7 +22,7 @@ import numpy as np
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 from minidl_course.cores import core_count
-from minidl_course.exercises._common import _Checks
+from minidl_course.exercises._common import _Checks, call
 from minidl_course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
@@ -148,11 +148,7 @@ def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks:
         before = images.copy()
         case = f"transform_batch(make_images({n}, size={size}, seed={seed})), a ({n}, {size}, {size}, 3) uint8 batch"
         want = np.stack([per_sample_transform(image) for image in images])
-        try:
-            got = transform_batch(images)
-        except Exception as e:
-            e.add_note(f"(raised by your transform_batch, for {case})")
-            raise
+        got = call(transform_batch, images, what="transform_batch", case=case)
         if not np.array_equal(images, before):
             checks.fail(case, "transform_batch changed its input", "make new arrays; don't write into the batch.")
         if not isinstance(got, np.ndarray):

@@ -39,7 +39,7 @@ from minidl.dataset import Dataset
 from minidl.worker import get_worker_info
 from minidl_course import osfacts
 from minidl_course.cores import core_count, worker_sweep
-from minidl_course.exercises._common import _Checks
+from minidl_course.exercises._common import _Checks, yours
 from minidl_course.exercises._measure import agrees, as_number, measure_then_judge
 
 # --- 1. copy-on-read --------------------------------------------------------------------------------
@@ -140,13 +140,10 @@ def check_no_leak(dataset_cls: Callable[[int], Dataset],
 def check_items(dataset_cls: Callable[[int], Dataset], checks: _Checks) -> None:
     for n in (1, 7, 1000):
         case = f"{getattr(dataset_cls, '__name__', dataset_cls)}({n})"
-        try:
+        with yours("dataset", case):
             dataset = dataset_cls(n)
             got_len = len(dataset)
             got = [dataset[i] for i in range(n)]
-        except Exception as e:
-            e.add_note(f"(raised by your dataset, for {case})")
-            raise
         if got_len != n:
             checks.fail(case, f"len() should be {n}, but it is {got_len}")
         for i, value in enumerate(got):
