@@ -99,7 +99,8 @@ def test_ch01_cheat_pure_python_delegating_to_the_library_is_rejected():
         return sum(dataset[i][1] for i in range(start - 1, stop - 1))
 
     ch01.check_output(cheat, ch01._Checks())  # its output is right: only the GIL test can catch it
-    rejects_with_hint(ch01.judge, cheat, 1.6000001, ch01_measured(progress=0.5), hint="plain Python, which holds the GIL")
+    rejects_with_hint(ch01.judge, cheat, 1.6000001, ch01_measured(progress=0.5),
+                      hint="plain Python, which holds the GIL")
 
 
 def test_ch01_cheat_hard_coded_ideal_speedup_is_rejected():
