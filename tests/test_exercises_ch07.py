@@ -111,4 +111,5 @@ def _alternates_two_buffers(batch, lock_pages):
 
 def test_ch07_a_pin_copy_that_alternates_two_preallocated_buffers_is_refused():
     rejects_with_hint(ch07.check_pin_copy, _alternates_two_buffers, 5.0000001, True,
-                      measure=lambda f: pytest.fail("measured"), hint="(?s)call 5:.*the one call 3 returned.*buffers kept")
+                      measure=lambda f: pytest.fail("measured"),
+                      hint="(?s)call 5:.*the one call 3 returned.*buffers kept")
