@@ -54,7 +54,8 @@ def _maps_the_per_sample_transform(images):
 def test_ch11_a_loop_over_the_images_is_refused_as_not_vectorised(cheat):
     """Right values, and a per-image loop of whole-image operations is many times faster than the row loop: what
     gives it away is Python work that grows with the batch, counted, not timed."""
-    rejects_with_hint(ch11.check_transform, cheat, ch11._Checks(), hint="(?s)Python work for every image.*not vectorised")
+    rejects_with_hint(ch11.check_transform, cheat, ch11._Checks(),
+                      hint="(?s)Python work for every image.*not vectorised")
 
 
 def test_ch11_the_reference_transform_runs_the_same_python_for_any_batch_size():
