@@ -127,15 +127,49 @@ def _check_prefetch_case(prefetcher, description, batches, mean, std, checks: _C
     expected = expected_outputs(batches, mean, std)
     untouched = [(x.clone(), y.clone()) for x, y in batches]
     log: list[str] = []
-    loader = RecordingLoader(batches, log)
-    got = []
+    loader = RecordingLoader(watched(batches, log), log)
+    got, late = [], []
     run_watched(Tripwire(_library_prefetchers()),
-                lambda: _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, checks),
+                lambda: _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, late, case, checks),
                 lambda what: checks.fail(case, f"your prefetcher used {what}", DELEGATED.format(what)))
     _check_prefetch_result(loader, batches, untouched, got, expected, mean, std, case, checks)
+    if late:  # all else right: the work is done, but late
+        checks.fail(case, late[0], "normalise a batch as soon as you fetch it, before you yield the one you hold: "
+                    "that work is what prefetching moves off the training step (on a GPU, onto its own stream).")
 
 
-def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, checks: _Checks) -> None:
+def watched(batches: Sequence[tuple[Any, Any]], log: list[str]) -> list[tuple[Any, Any]]:
+    """``batches`` whose images note in ``log`` ("normalise k") each operation that makes floats from them."""
+    torch = _torch()
+
+    class Watched(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            with torch._C.DisableTorchFunctionSubclass():  # results are plain tensors
+                out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                log.extend(f"normalise {a.batch_index}" for a in _flat((args, kwargs)) if isinstance(a, cls))
+            return out
+
+    out = []
+    for k, (images, targets) in enumerate(batches):
+        images = images.as_subclass(Watched)
+        images.batch_index = k
+        out.append((images, targets))
+    return out
+
+
+def _flat(obj: Any) -> Iterator[Any]:
+    if isinstance(obj, list | tuple):
+        for item in obj:
+            yield from _flat(item)
+    elif isinstance(obj, dict):
+        yield from _flat(list(obj.values()))
+    else:
+        yield obj
+
+
+def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, late, case, checks: _Checks) -> None:
     def stop_iteration(e: Exception) -> None:
         if isinstance(e, RuntimeError) and "StopIteration" in str(e):
             checks.fail(case, f"your prefetcher raised RuntimeError: {e}",
@@ -152,6 +186,9 @@ def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, chec
                                   f"(order so far: {', '.join(log)})",
                             "take the next batch from the loader (and normalise it) before you yield the current "
                             "one; that is what prefetching means.")
+            if k + 1 < len(batches) and f"normalise {k + 1}" not in log and not late:
+                late.append(f"when you handed out batch {k}, batch {k + 1} was fetched but not yet normalised "
+                            f"(order so far: {', '.join(log)})")
             if fetched_then > k + 2:
                 checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched_then} batches "
                                   f"(order so far: {', '.join(log)})",
