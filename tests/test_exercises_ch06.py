@@ -4,6 +4,7 @@ reference answer and rejects typical wrong answers with the hint that names the 
 
 import re
 
+import ch06_seeding_recipes as recipes
 import numpy as np
 import pytest
 import torch
@@ -180,22 +181,8 @@ def test_check_worker_init_fn_holds_to_the_split_its_text_prints():
             r"num_workers=3.*worker 0's part should be \[0, 4\).*contiguous parts of ceil\(10 / 3\) = 4")
 
 
-def seeds_from_torch_initial_seed(worker_id):  # PyTorch's documented recipe
-    torch.utils.data.get_worker_info().dataset.rng = np.random.default_rng(torch.initial_seed())
-
-
-def seeds_from_the_reseeded_numpy(worker_id):  # a worker's np.random is already seeded per worker and epoch
-    torch.utils.data.get_worker_info().dataset.rng = np.random.default_rng(np.random.randint(2**31))
-
-
-def seeds_from_the_reseeded_random(worker_id):
-    import random
-
-    torch.utils.data.get_worker_info().dataset.rng = np.random.default_rng(random.getrandbits(64))
-
-
-@pytest.mark.parametrize("right", [seeds_from_torch_initial_seed, seeds_from_the_reseeded_numpy,
-                                   seeds_from_the_reseeded_random])
+@pytest.mark.parametrize("right", [recipes.seeds_from_torch_initial_seed, recipes.seeds_from_the_reseeded_numpy,
+                                   recipes.seeds_from_the_reseeded_random])
 def test_check_worker_seeding_accepts_seeds_from_the_workers_own_seeded_streams(right, capsys):
     check_worker_seeding(right)
     assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
