@@ -158,3 +158,30 @@ def test_under_file_system_a_worker_starts_torchs_shm_manager_before_its_first_t
                         multiprocessing_context=method, worker_init_fn=use_file_system_strategy)
     seen = [bool(started) for _, flags in loader for started in flags]
     assert seen == [True] * 8
+
+
+# --- issue 33: the trace, not a second epoch of one's own -------------------------------------------------
+
+
+def times_the_dataset_itself(loader):
+    import time
+
+    dataset = loader.dataset
+    took = []
+    for i in range(len(dataset)):
+        start = time.perf_counter()
+        dataset[i]
+        took.append(time.perf_counter() - start)
+    return max(range(len(took)), key=took.__getitem__)
+
+
+def times_a_copy_of_the_dataset(loader):
+    import copy
+
+    return times_the_dataset_itself(type("L", (), {"dataset": copy.deepcopy(loader.dataset)})())
+
+
+@pytest.mark.parametrize("wrong", [times_the_dataset_itself, times_a_copy_of_the_dataset])
+def test_check_slow_sample_refuses_timing_the_samples_outside_the_loader(wrong):
+    rejects(check_slow_sample, wrong, r"fetched 24 samples itself \(dataset\[i\]\), outside the loader.*"
+                                      r"the loader's trace has already timed every getitem")

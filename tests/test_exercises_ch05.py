@@ -203,6 +203,82 @@ def test_check_worker_loop_tells_reading_past_the_sentinel_from_not_leaving(wron
 # --- check_reorder (ch05) ---------------------------------------------------------------------------
 
 
+
+def quits_on_an_empty_queue(dataset, index_queue, result_queue, collate_fn):
+    import queue
+
+    while True:
+        try:
+            task = index_queue.get(timeout=0.05)
+        except queue.Empty:
+            return  # a real loader's next task comes late whenever a training step takes over 50 ms
+        if task is None:
+            return
+        task_idx, indices = task
+        try:
+            batch = collate_fn([dataset[i] for i in indices])
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")
+        result_queue.put((task_idx, batch))
+
+
+def waits_on_after_an_empty_queue(dataset, index_queue, result_queue, collate_fn):  # right: a timeout, then on
+    import queue
+
+    while True:
+        try:
+            task = index_queue.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if task is None:
+            return
+        task_idx, indices = task
+        try:
+            batch = collate_fn([dataset[i] for i in indices])
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")
+        result_queue.put((task_idx, batch))
+
+
+def wraps_after_the_except_block(dataset, index_queue, result_queue, collate_fn):
+    while (task := index_queue.get()) is not None:
+        task_idx, indices = task
+        failed = False
+        try:
+            batch = collate_fn([dataset[i] for i in indices])
+        except Exception:
+            failed = True
+        if failed:
+            batch = ExceptionWrapper(where="in a worker")  # sys.exc_info() is empty here
+        result_queue.put((task_idx, batch))
+
+
+def says_done_with_none(dataset, index_queue, result_queue, collate_fn):
+    while (task := index_queue.get()) is not None:
+        task_idx, indices = task
+        try:
+            batch = collate_fn([dataset[i] for i in indices])
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")
+        result_queue.put((task_idx, batch))
+    result_queue.put(None)
+
+
+@pytest.mark.parametrize("wrong, message", [
+    (quits_on_an_empty_queue, r"main process busy.*returned after 1 of 2 answers, while the index queue stayed "
+                              r"empty.*an empty queue is not the end"),
+    (wraps_after_the_except_block, r"ExceptionWrapper that holds no exception.*inside the except block"),
+    (says_done_with_none, r"put None on result_queue after its answers.*put only answers"),
+])
+def test_check_worker_loop_names_issue_33s_mistakes(wrong, message):
+    rejects(check_worker_loop, wrong, message)
+
+
+def test_check_worker_loop_accepts_a_loop_that_waits_on_after_a_timeout(capsys):
+    check_worker_loop(waits_on_after_an_empty_queue)
+    assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
+
+
 def test_check_reorder_accepts_the_reference(capsys):
     check_reorder(reorder)
     assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)

@@ -4,6 +4,7 @@ reference answer and rejects typical wrong answers with the hint that names the 
 
 import re
 
+import ch06_seeding_recipes as recipes
 import numpy as np
 import pytest
 import torch
@@ -162,3 +163,42 @@ def test_your_turn_raised_in_a_worker_still_shows_as_its_message():
     with pytest.raises(YourTurn) as info:
         list(minidl.DataLoader(AugmentedDataset(4), num_workers=1, worker_init_fn=unwritten))
     assert info.value._render_traceback_() == [f"YourTurn: {YourTurn.MESSAGE} (raised in a worker)"]
+
+
+# --- issue 33: the spec's split, and a worker seeded as a real one --------------------------------------
+
+
+def other_even_split(worker_id):  # 3, 3, 4 for ten samples: each comes once, but not the split the text prints
+    info = torch.utils.data.get_worker_info()
+    ds = info.dataset
+    n, k = ds.end - ds.start, info.num_workers
+    start = ds.start
+    ds.start, ds.end = start + worker_id * n // k, start + (worker_id + 1) * n // k
+
+
+def test_check_worker_init_fn_holds_to_the_split_its_text_prints():
+    rejects(check_worker_init_fn, other_even_split,
+            r"num_workers=3.*worker 0's part should be \[0, 4\).*contiguous parts of ceil\(10 / 3\) = 4")
+
+
+@pytest.mark.parametrize("right", [recipes.seeds_from_torch_initial_seed, recipes.seeds_from_the_reseeded_numpy,
+                                   recipes.seeds_from_the_reseeded_random])
+def test_check_worker_seeding_accepts_seeds_from_the_workers_own_seeded_streams(right, capsys):
+    check_worker_seeding(right)
+    assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
+
+
+def test_call_as_worker_seeds_torch_numpy_and_random_as_a_worker_and_puts_them_back():
+    import random
+
+    before = (torch.initial_seed(), np.random.get_state()[1][:4].tolist(), random.getstate())
+    seen = []
+
+    def note(worker_id):
+        seen.append((torch.initial_seed(), np.random.get_state()[1][:4].tolist(), random.random()))
+
+    for k in range(2):
+        call_as_worker(note, range_stream(0, 4), worker_id=k, num_workers=2, seed=100 + k)
+    assert [s[0] for s in seen] == [100, 101]
+    assert seen[0][1] != seen[1][1] and seen[0][2] != seen[1][2]
+    assert (torch.initial_seed(), np.random.get_state()[1][:4].tolist(), random.getstate()) == before

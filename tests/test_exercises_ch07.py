@@ -28,14 +28,14 @@ def ch07_measured(ratio):
 def test_ch07_correct_solution_end_to_end(capsys):
     measured = ch07.measure(pin_copy)
     ch07.check_pin_copy(pin_copy, measured.ratio, measured.ratio > 1.3, measure=lambda f: measured)
-    assert "All 6 checks passed" in capsys.readouterr().out
+    assert "All 7 checks passed" in capsys.readouterr().out
     assert pinning_demo.locked_bytes() in (0, None)  # every lock was released
 
 
 def test_ch07_judge_tolerance_and_band(capsys):
-    ch07.judge(4.0, True, ch07_measured(5.5))
-    ch07.judge(1.3, False, ch07_measured(1.3))
-    ch07.judge(1.3, True, ch07_measured(1.3))
+    ch07.judge(4.0000001, True, ch07_measured(5.5))
+    ch07.judge(1.3000001, False, ch07_measured(1.3))
+    ch07.judge(1.3000001, True, ch07_measured(1.3))
     assert "either answer is accepted" in capsys.readouterr().out
 
 
@@ -74,14 +74,42 @@ def _reuse(batch, lock_pages):
 
 
 @pytest.mark.parametrize("ratio, reuse_pays, hint", [
-    (0.18, True, "divided the other way round"),
-    (1.0, True, "interleaved rounds"),
-    (5.0, False, "reusing pays"),
-    (5.0, "yes", "True or False"),
+    (0.1800001, True, "divided the other way round"),
+    (1.0000001, True, "interleaved rounds"),
+    (5.0000001, False, "reusing pays"),
+    (5.0000001, "yes", "True or False"),
+    (5.5, True, "at most three decimals"),
 ])
 def test_ch07_wrong_conclusions_are_rejected(ratio, reuse_pays, hint):
     rejects_with_hint(ch07.judge, ratio, reuse_pays, ch07_measured(5.5), hint=hint)
 
 
 def test_ch07_reuse_pays_true_is_rejected_when_fresh_is_as_cheap():
-    rejects_with_hint(ch07.judge, 1.05, True, ch07_measured(1.05), hint="answer False")
+    rejects_with_hint(ch07.judge, 1.0500001, True, ch07_measured(1.05), hint="answer False")
+
+
+# --- issue 33 -----------------------------------------------------------------------------------------------
+
+
+def test_ch07_a_ratio_is_held_to_the_median_of_the_rounds_not_their_range():
+    spread = ch07.Measured([10.4e-4, 10.4e-4, 10.4e-4, 20e-4, 40e-4], [1e-4] * 5)  # median 10.4, range 10.4-40
+    rejects_with_hint(ch07.judge, 46.6000001, True, spread, hint="interleaved rounds")
+    ch07.judge(12.1234567, True, spread)
+
+
+_two_buffers = {}
+
+
+def _alternates_two_buffers(batch, lock_pages):
+    pair, turn = _two_buffers.setdefault(batch.shape, ([np.empty_like(batch), np.empty_like(batch)], [0]))
+    out = pair[turn[0] % 2]
+    turn[0] += 1
+    with lock_pages(out):
+        np.copyto(out, batch)
+    return out
+
+
+def test_ch07_a_pin_copy_that_alternates_two_preallocated_buffers_is_refused():
+    rejects_with_hint(ch07.check_pin_copy, _alternates_two_buffers, 5.0000001, True,
+                      measure=lambda f: pytest.fail("measured"),
+                      hint="(?s)call 5:.*the one call 3 returned.*buffers kept")

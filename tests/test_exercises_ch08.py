@@ -9,6 +9,7 @@ import torch
 from exercise_support import (
     IMAGENET,
     learner_copy,
+    rejects,
 )
 
 from minidl.prefetch import PrefetchLoader
@@ -100,11 +101,13 @@ def in_float64(loader, mean, std):
 
 def crashes_on_an_empty_loader(loader, mean, std):
     it = iter(loader)
-    held = next(it)
+    images, targets = next(it)
+    held = normalise(images, mean, std), targets
     for images, targets in it:
-        yield normalise(*held[:1], mean, std), held[1]
-        held = images, targets
-    yield normalise(held[0], mean, std), held[1]
+        upcoming = normalise(images, mean, std), targets
+        yield held
+        held = upcoming
+    yield held
 
 
 def hands_out_the_new_batch(loader, mean, std):
@@ -143,3 +146,24 @@ def test_check_prefetcher_names_the_case_when_the_prefetcher_raises():
     with pytest.raises(NotImplementedError, match="write the prefetcher") as info:
         check_prefetcher(unfinished)
     assert "3 batches of 2 images" in info.value.__notes__[0]
+
+
+# --- issue 33: fetched ahead, but normalised late -----------------------------------------------------------
+
+
+def normalises_when_it_yields(loader, mean, std):
+    shape = (1, len(mean), 1, 1)
+    scale = torch.tensor([m * 255 for m in mean], dtype=torch.float32).view(shape)
+    spread = torch.tensor([s * 255 for s in std], dtype=torch.float32).view(shape)
+    held = None
+    for images, targets in loader:
+        if held is not None:
+            yield (held[0].to(torch.float32) - scale) / spread, held[1]  # the work done only now
+        held = (images, targets)
+    if held is not None:
+        yield (held[0].to(torch.float32) - scale) / spread, held[1]
+
+
+def test_check_prefetcher_refuses_one_that_fetches_ahead_but_normalises_late():
+    rejects(check_prefetcher, normalises_when_it_yields,
+            r"when you handed out batch 0, batch 1 was fetched but not yet normalised.*normalise a batch as soon")

@@ -115,3 +115,38 @@ def test_ch09_rounds_that_disagree_accept_either_answer(capsys):
                             "sleep_numpy": {"multiprocessing": [0.2] * 3, "thread": [0.1] * 3}})
     rejects_with_hint(ch09.judge, {"python_loop": "multiprocessing", "sleep_numpy": "thread"}, steady,
                       hint="answer what this machine measured")
+
+
+# --- issue 33: the learner's timer held to the checker's clock ----------------------------------------------
+
+
+def _runs_nothing(run_epoch, rounds):  # the stand-in's own times, returned without running anything
+    return {"multiprocessing": [0.0812345] * rounds, "thread": [0.0412345] * rounds}
+
+
+_CALLS = []
+
+
+def _times_the_stand_in_then_makes_up(run_epoch, rounds):
+    _CALLS.append(run_epoch)
+    seconds = time_methods(run_epoch, rounds)
+    if len(_CALLS) == 1:  # the stand-in, timed first: honest
+        return seconds
+    return {"multiprocessing": [0.5123] * rounds, "thread": [1.0123] * rounds}  # the workloads: the textbook
+
+
+def _times_one_round(run_epoch, rounds):
+    one = time_methods(run_epoch, 1)
+    return {m: s * rounds for m, s in one.items()}
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timer, hint", [
+    (_runs_nothing, r"the run_epoch\('multiprocessing'\) call behind it was made 0 times for 3 rounds"),
+    (_times_the_stand_in_then_makes_up, r"python_loop: your time_methods says round 1 of 'multiprocessing' took "
+                                        r"0.512 s, but the run_epoch\('multiprocessing'\) call behind it took"),
+    (_times_one_round, r"call behind it (was made 2 times for 3 rounds|took)"),
+])
+def test_ch09_a_timer_that_runs_nothing_or_makes_up_its_numbers_is_refused(timer, hint):
+    rejects_with_hint(ch09.check_choice, timer, {"python_loop": "multiprocessing", "sleep_numpy": "thread"},
+                      measure=lambda f: ch09.measure(f, runs=THREADS_WIN), hint=hint)

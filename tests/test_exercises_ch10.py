@@ -26,7 +26,7 @@ def test_ch10_measure_runs_the_learners_timer_on_both_loaders_in_rotating_rounds
     calls, values = [], iter([9.0, 9.0, 2.0, 1.0, 0.8, 2.2])
 
     def timer(loader):
-        calls.append(loader)
+        calls.append(loader.loader)  # the checker's clocked wrapper around each loader
         return next(values)
 
     measured = ch10.measure(timer, rounds=2, loaders={"minidl": "m", "torch": "t"})
@@ -56,6 +56,8 @@ def test_ch10_a_guessed_ratio_is_refused_and_the_measured_one_accepted(capsys):
     ch10.check_overhead(per_batch_seconds, ratio, measure=measure)
     assert "All 3 checks passed" in capsys.readouterr().out
     rejects_with_hint(ch10.check_overhead, per_batch_seconds, 0.36, measure=measure,
+                      hint="report the number your code computed")
+    rejects_with_hint(ch10.check_overhead, per_batch_seconds, 0.3612345, measure=measure,
                       hint="not a figure from the README")
 
 
@@ -99,6 +101,28 @@ def test_ch10_wrong_timers_are_rejected(wrong, hint):
     rejects_with_hint(ch10.check_overhead, wrong, 0.4, measure=lambda: pytest.fail("measured"), hint=hint)
 
 
-@pytest.mark.parametrize("ratio, hint", [(2.5, "other way round"), (0.9, "not a figure from"), ("0.4", "positive")])
+@pytest.mark.parametrize("ratio, hint", [(2.5000001, "other way round"), (0.9000001, "not a figure from"),
+                                         ("0.4", "positive"), (0.4, "at most three decimals"),
+                                         (0.9123456, "not a figure from")])
 def test_ch10_wrong_ratios_are_rejected(ratio, hint):
     rejects_with_hint(ch10.judge, ratio, ch10_measured(0.4), hint=hint)
+
+
+# --- issue 33: the learner's timer held to the checker's clock ----------------------------------------------
+
+
+def _constant_on_real_loaders(loader):  # honest on the paced stand-ins, a constant on the loaders
+    return per_batch_seconds(loader) if len(loader) < 100 else 1.2345e-5
+
+
+def _times_nothing(loader):
+    return 0.0100001 if len(loader) == 11 else 0.0500001
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("timer, hint", [
+    (_constant_on_real_loaders, r"returned 1.2345e-05 without running an epoch of the minidl loader"),
+    (_times_nothing, r"returned 0.0100001 without running an epoch of the paced loader"),
+])
+def test_ch10_a_timer_that_returns_a_constant_is_refused_on_the_checkers_clock(timer, hint):
+    rejects_with_hint(ch10.check_overhead, timer, 1.0000001, hint=hint)

@@ -4,6 +4,7 @@ rejects typical wrong answers with the hint that names the mistake.
 
 import multiprocessing
 import os
+import statistics
 import time
 
 import numpy as np
@@ -113,15 +114,32 @@ ROUNDS = {w: [s * 0.95, s, s * 1.05] for w, s in SWEEP_TIMES.items()}  # what th
 
 
 @pytest.fixture
-def sweep(monkeypatch):
+def real_sweep(monkeypatch):
     monkeypatch.setattr(ch12, "SWEEP", SWEEP)
 
 
-def paced_timer(times=SWEEP_TIMES, clock=time.perf_counter):
-    """An honest time_epoch: it runs (sleeps) for the epoch and returns what the clock saw."""
+class PacedLoader:
+    """Stands in for the DataLoader inside sweep_epoch: an epoch of w workers sleeps SWEEP_TIMES[w] / 20."""
+
+    def __init__(self, dataset, batch_size, num_workers, multiprocessing_context):
+        self.num_workers = num_workers
+
+    def __iter__(self):
+        time.sleep(SWEEP_TIMES[self.num_workers] / 20)
+        return iter(())
+
+
+@pytest.fixture
+def sweep(monkeypatch):
+    monkeypatch.setattr(ch12, "SWEEP", SWEEP)
+    monkeypatch.setattr(ch12, "DataLoader", PacedLoader)
+
+
+def paced_timer(clock=time.perf_counter):
+    """An honest time_epoch: it runs sweep_epoch (a paced stand-in loader) and returns what the clock saw."""
     def time_epoch(w):
         start = clock()
-        time.sleep(times[w] / 20)
+        ch12.sweep_epoch(w)
         return clock() - start
     return time_epoch
 
@@ -132,7 +150,7 @@ def test_ch12_sweep_follows_the_core_count(cores, expected):
 
 
 @pytest.mark.timeout(300)
-def test_ch12_measure_sweep_runs_the_learners_timer_in_turning_rounds(sweep):
+def test_ch12_measure_sweep_runs_the_learners_timer_in_turning_rounds(real_sweep):
     """The real sweep_epoch, on a short dataset (it starts workers: spawned ones under spawn), timed honestly."""
     small, calls = ch12.DecodeDataset(n=8, wait=0.001, work=100), []
 
@@ -199,3 +217,37 @@ def test_ch12_num_workers_wrong_choices_are_rejected(sweep, choice, sweep_times,
 
 def test_ch12_num_workers_sweep_must_cover_the_values(sweep):
     rejects_with_hint(ch12.check_sweep_answer, 4, {4: 0.2}, ch12._Checks(), hint="the sweep you ran")
+
+
+# --- issue 33 -----------------------------------------------------------------------------------------------
+
+
+def test_ch12_hang_worker_method_thread_is_refused():
+    rejects_with_hint(ch12.check_no_hang, {"worker_method": "thread"}, run=lambda kw: pytest.fail("ran"),
+                      hint="keep two worker processes")
+
+
+def _runs_the_epoch_returns_a_constant(w):
+    ch12.sweep_epoch(w)
+    return SWEEP_TIMES[w] / 5 + 1.234e-7  # an earlier run's figure (four times this epoch here), typed in
+
+
+def _times_a_different_epoch(w):
+    start = time.perf_counter()
+    ch12.sweep_epoch(0)  # not the w it was asked for
+    return time.perf_counter() - start
+
+
+@pytest.mark.parametrize("timer, hint", [
+    (_runs_the_epoch_returns_a_constant, r"time_epoch\(\d\) returned .* but the sweep_epoch\(\d, ...\) it ran took"),
+    (_times_a_different_epoch, r"time_epoch\([1-6]\) returned .* but it ran no sweep_epoch\([1-6], ...\)"),
+])
+def test_ch12_num_workers_a_timer_off_the_checkers_clock_is_refused(sweep, timer, hint):
+    measured = ch12.measure_sweep(timer, rounds=1)
+    rejects_with_hint(ch12.judge_num_workers, 4, {w: statistics.median(t) for w, t in measured.items()}, measured,
+                      hint="(?s)" + hint + ".*time the epoch you run")
+
+
+def test_ch12_num_workers_an_honest_timer_agrees_with_the_checkers_clock(sweep):
+    measured = ch12.measure_sweep(paced_timer(), rounds=2)
+    assert measured.problem == ""

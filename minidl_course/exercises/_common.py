@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import CodeType
 from typing import Any
 
@@ -101,6 +102,33 @@ class _Checks:
 
     def done(self) -> None:
         print(f"All {self.passed} checks passed")
+
+
+# --- calling the learner's code ---------------------------------------------------------------------
+
+
+@contextmanager
+def yours(what: str, case: str, explain: Callable[[Exception], None] | None = None) -> Iterator[None]:
+    """The one way a checker runs learner code: an exception it raises goes on, noted with what raised it and
+    for which case; ``explain(e)``, if given, may first turn a known mistake into a hint (``checks.fail``).
+
+    >>> with yours("collate function", "an empty batch"):
+    ...     pass
+    """
+    try:
+        yield
+    except Exception as e:
+        if explain is not None:
+            explain(e)
+        e.add_note(f"(raised by your {what}, for {case})")
+        raise
+
+
+def call(fn: Callable[..., Any], *args: Any, what: str, case: str,
+         explain: Callable[[Exception], None] | None = None, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` run as ``yours(what, case, explain)`` runs it."""
+    with yours(what, case, explain):
+        return fn(*args, **kwargs)
 
 
 # --- an exercise cell not filled in yet -------------------------------------------------------------

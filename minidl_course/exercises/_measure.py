@@ -96,6 +96,64 @@ def close(reported: float, measured: float, factor: float) -> bool:
     return reported > 0 and measured > 0 and max(reported / measured, measured / reported) <= factor
 
 
+def typed(value: float) -> bool:
+    """True when ``value`` has at most three decimals (1.9, 46.6, 2.0): typed in or rounded, never a ratio of two
+    clock readings as computed (those have fifteen significant digits).
+
+    >>> typed(1.9), typed(2.0), typed(1.8834521977), typed(0.6 / 0.31)
+    (True, True, False, False)
+    """
+    return abs(value - round(value, 3)) < 1e-12
+
+
+TYPED = ("report the number your code computed, unrounded (a number typed in, or rounded, can't be told from a "
+         "guess): e.g. speedup = statistics.median(rounds).")
+
+
+class Stopwatch:
+    """Wraps what the checker hands to the learner's timing code, and times each call with the checker's clock:
+    ``calls`` holds ``(args, seconds)`` in call order. The learner's figures are then held to these, call by call
+    (``off_the_clock``): a fake timer, a repeated round or a typed-in time can't match them, and a busy moment
+    slows both alike."""
+
+    def __init__(self, fn: Callable[..., Any], clock: Callable[[], float] = time.perf_counter) -> None:
+        self.fn, self.clock, self.calls = fn, clock, []
+
+    def __call__(self, *args: Any) -> Any:
+        start = self.clock()
+        try:
+            return self.fn(*args)
+        finally:
+            self.calls.append((args, self.clock() - start))
+
+    def seconds(self, *args: Any) -> list[float]:
+        """The seconds of each call made with ``args``, in order."""
+        return [s for a, s in self.calls if a == args]
+
+
+def off_the_clock(yours: Sequence[float], ours: Sequence[float], factor: float = 1.25,
+                  slack: float = 2e-3) -> int | None:
+    """The first round whose time from the learner's code is not the checker's time of the same call (within
+    ``factor`` and ``slack`` seconds), matching the last ``len(yours)`` calls; None when all agree. A round
+    with no call behind it disagrees.
+
+    >>> off_the_clock([0.10, 0.21], [0.5, 0.1, 0.2]), off_the_clock([0.1, 0.1], [0.1, 0.3]), off_the_clock([1.0], [])
+    (None, 1, 0)
+    """
+    ours = list(ours)[-len(yours):] if yours else []
+    for r, y in enumerate(yours):
+        if r >= len(ours) or not ours[r] / factor - slack <= y <= ours[r] * factor + slack:
+            return r
+    return None
+
+
+def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:
+    """``measure()``, and once more if ``agree`` says the first disagrees: a burst of load that flipped the first
+    rarely flips both. Returns the one that agrees, else the second."""
+    first = measure()
+    return first if agree(first) else measure()
+
+
 def agrees(reported: float, per_round: Sequence[float], factor: float) -> bool:
     """True when ``reported`` lies within a factor ``factor`` of the range the checker's own rounds spanned.
 

@@ -15,15 +15,15 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from minidl_course.exercises._common import _Checks
-from minidl_course.exercises._measure import agrees, as_number, close, measure_then_judge
+from minidl_course.exercises._common import _Checks, call
+from minidl_course.exercises._measure import TYPED, as_number, close, measure_then_judge, off_the_clock, twice, typed
 
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
 ROUNDS = 5
-GIL_FREE_FRACTION = 0.2  # a Python thread must make progress for at least this part of the kernel's run
+GIL_FREE_FRACTION = 0.2  # below this part of the kernel's run with a Python thread running, it held the GIL
 SPEEDUP_FACTOR = 1.3  # a reported speedup within this factor of the range your rounds spanned is accepted
 STANDIN_SECONDS = 0.05  # how long each half of a stand-in kernel sleeps, when a timing function is checked
 STANDIN_ROUNDS = 3
@@ -68,11 +68,14 @@ def one_thread(kernel: Callable[[int, int], Any], start: int, stop: int) -> list
 
 @dataclass(frozen=True)
 class Measured:
-    """What was measured: your ``thread_speedups`` on your kernel (each round's), and the checker's GIL test."""
+    """What was measured: your ``thread_speedups`` on your kernel (each round's), the same rounds on the checker's
+    clock (from when each call of the kernel began and ended), and the checker's GIL test."""
 
     speedups: list[float]  # one thread's time / two threads' time, per round, as your thread_speedups returned them
     python_progress: float  # the part of the kernel's run during which a Python thread made progress
     work: int  # integers per half
+    clocked: list[float] = field(default_factory=list)  # the rounds' speedups on the checker's clock
+    problem: str = ""  # what the kernel's calls show your thread_speedups did not do, if anything
 
     @property
     def speedup(self) -> float:
@@ -114,12 +117,46 @@ def python_progress(kernel: Callable[[int, int], Any], work: int) -> float:
 
 def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
             rounds: int = ROUNDS) -> Measured:
-    """Test whether ``kernel`` releases the GIL, then run ``thread_speedups(kernel, span, rounds)`` on it."""
+    """Test whether ``kernel`` releases the GIL, then run ``thread_speedups(kernel, span, rounds)`` on it, noting
+    when each call of the kernel began and ended, and in which thread (``clock_rounds``)."""
     work = calibrate(kernel)
     progress = python_progress(kernel, work)
     if progress < GIL_FREE_FRACTION:  # it holds the GIL: two threads can't overlap, time one round only
         rounds = 1
-    return Measured(_speedup_list(thread_speedups(kernel, 2 * work, rounds)), progress, work)
+    calls: list[tuple[tuple[int, int], int, float, float]] = []
+
+    def watched(a: int, b: int) -> Any:
+        start = time.perf_counter()
+        try:
+            return kernel(a, b)
+        finally:
+            calls.append(((a, b), threading.get_ident(), start, time.perf_counter()))
+
+    got = _speedup_list(call(thread_speedups, watched, 2 * work, rounds, what="thread_speedups",
+                             case="your kernel"))
+    clocked, problem = clock_rounds(calls, 1, 1 + 2 * work, rounds)
+    return Measured(got, progress, work, clocked, problem)
+
+
+def clock_rounds(calls: list[tuple[tuple[int, int], int, float, float]], start: int, stop: int,
+                 rounds: int) -> tuple[list[float], str]:
+    """Each round's speedup from the kernel's calls on the two halves of ``start .. stop - 1``: the span of a
+    run whose two calls ran in one thread over that of a run whose calls ran in two; and, if the calls don't
+    make ``rounds`` such pairs of runs, what is missing."""
+    middle = (start + stop) // 2
+    halves = sorted((c for c in calls if c[0] in ((start, middle), (middle, stop))), key=lambda c: c[2])
+    if len(halves) != 4 * rounds:
+        return [], (f"your thread_speedups ran the kernel on the halves of the span {len(halves)} times for {rounds} "
+                    f"rounds; each round runs both halves in one thread, then in two (4 calls a round)")
+    runs = [(halves[k][1] == halves[k + 1][1], max(halves[k][3], halves[k + 1][3]) - halves[k][2])
+            for k in range(0, len(halves), 2)]
+    clocked = []
+    for r in range(rounds):
+        pair = dict(runs[2 * r:2 * r + 2])
+        if set(pair) != {True, False}:
+            return [], f"round {r + 1} did not run the halves once in one thread and once in two"
+        clocked.append(pair[True] / pair[False])
+    return clocked, ""
 
 
 def _speedup_list(got: Any) -> list[float]:
@@ -167,10 +204,12 @@ def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Ca
         check_timer(thread_speedups, checks)
 
     return measure_then_judge(
-        [kernel, thread_speedups], check_first, lambda: measure(kernel, thread_speedups),
+        [kernel, thread_speedups], check_first,
+        lambda: twice(lambda: measure(kernel, thread_speedups), lambda m: _agrees(speedup, m)),
         lambda measured: (f"Measured: a Python thread ran during {measured.python_progress:.0%} of the kernel's run; "
                           f"your thread_speedups on your kernel ({measured.work:,} integers per thread), per round: "
                           + ", ".join(f"{x:.2f}" for x in measured.speedups)
+                          + "; on the checker's clock: " + ", ".join(f"{x:.2f}" for x in measured.clocked)
                           + (f"; median {measured.speedup:.2f}x" if measured.speedups else "")),
         lambda measured, checks: judge(kernel, speedup, measured, checks))
 
@@ -178,11 +217,7 @@ def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Ca
 def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _Checks) -> None:
     """Your ``thread_speedups`` on the two stand-ins: a list of ``rounds`` ratios, their median near x2 and x1."""
     for standin, want, case in STANDINS:
-        try:
-            got = thread_speedups(standin, 2000, STANDIN_ROUNDS)
-        except Exception as e:
-            e.add_note(f"(raised by your thread_speedups, for {case})")
-            raise
+        got = call(thread_speedups, standin, 2000, STANDIN_ROUNDS, what="thread_speedups", case=case)
         if as_number(got) is not None:
             checks.fail(case, f"thread_speedups returned one number, {got!r}",
                         "return the list of the rounds' speedups (one per round); speedup is their median.")
@@ -209,11 +244,7 @@ def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _C
 def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
     for start, stop in CASES:
         want = collatz_steps_python(start, stop)
-        try:
-            got = kernel(start, stop)
-        except Exception as e:
-            e.add_note(f"(raised by your kernel, for collatz_steps({start}, {stop}))")
-            raise
+        got = call(kernel, start, stop, what="kernel", case=f"collatz_steps({start}, {stop})")
         if got != want:
             hint = "count the steps of every n in range(start, stop), until n reaches 1."
             if got == collatz_steps_python(start, stop + 1):
@@ -224,42 +255,60 @@ def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
         checks.passed += 1
 
 
+def _agrees(speedup: Any, measured: Measured) -> bool:
+    number = as_number(speedup)
+    return number is not None and measured.speedups != [] and close(number, measured.speedup, SPEEDUP_FACTOR)
+
+
 def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict on the GIL test and the reported ``speedup``, from the checker's measurement alone."""
+    """The verdict on the GIL, your timing and the reported ``speedup``, from the checker's measurement alone.
+
+    The GIL: the kernel must be compiled by Numba with ``nogil=True``, a fact whatever the load (the counting
+    thread's share is printed, not judged: a busy machine lowers it). Your timing: each round's speedup
+    within 1.25x of the same round on the checker's clock. ``speedup``: your code's number (not typed in, not
+    rounded), within ``SPEEDUP_FACTOR`` of the median your thread_speedups gives here (measured again once if not).
+    """
     checks = checks or _Checks()
     case = "the GIL test: a Python thread counting while your kernel runs in another"
-    if measured.python_progress < GIL_FREE_FRACTION:
-        options = getattr(kernel, "targetoptions", None)
-        if options is None:
-            hint = ("your kernel is plain Python, which holds the GIL: compile it with @numba.njit(nogil=True) "
-                    "(no Python objects inside).")
-        elif not options.get("nogil"):
+    options = getattr(kernel, "targetoptions", None)
+    if options is None or not options.get("nogil"):
+        hint = ("your kernel is plain Python, which holds the GIL: compile it with @numba.njit(nogil=True) "
+                "(no Python objects inside).")
+        if options is not None:
             hint = "compile it with @numba.njit(nogil=True): without nogil, Numba's code keeps the GIL while it runs."
-        else:
-            hint = "the machine may be very busy: run the checker again."
-        checks.fail(case, f"the Python thread ran during only {measured.python_progress:.0%} of your kernel's run",
+        checks.fail(case, f"the Python thread ran during {measured.python_progress:.0%} of your kernel's run, and your "
+                          f"kernel {'was compiled without nogil=True' if options is not None else 'is not compiled'}",
                     hint)
     checks.passed += 1
-    case = f"your speedup, {speedup!r}, against what your thread_speedups measured just now"
-    number = as_number(speedup)
-    if number is None:
-        checks.fail(case, f"speedup should be a number, but it is {speedup!r}",
-                    "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).")
-    if number <= 0:
-        checks.fail(case, "a speedup is a positive number", "one thread's time / two threads' time.")
+    case = "your thread_speedups on your kernel, against the same rounds on the checker's clock"
     if not measured.speedups:
         checks.fail(case, "your thread_speedups returned no list of positive numbers for your kernel",
                     "return one speedup per round, as it did for the stand-in kernels.")
-    if not agrees(number, measured.speedups, SPEEDUP_FACTOR):
-        low, high = min(measured.speedups), max(measured.speedups)
+    if measured.problem:
+        checks.fail(case, measured.problem, "time every round: call one_thread and two_threads in each round; a "
+                    "round timed once and its ratio repeated is one measurement, not several.")
+    r = off_the_clock(measured.speedups, measured.clocked, slack=0)
+    if r is not None:
+        checks.fail(case, f"round {r + 1}: your thread_speedups says x{measured.speedups[r]:.2f}, but the kernel's "
+                          f"calls in that round give x{measured.clocked[r]:.2f}",
+                    "time each run with time.perf_counter() just before and just after it, and divide one "
+                    "thread's time by two threads' time of the same round.")
+    checks.passed += 1
+    case = f"your speedup, {speedup!r}, against what your thread_speedups measured just now"
+    number = as_number(speedup)
+    if number is None or number <= 0:
+        checks.fail(case, f"speedup should be a positive number, but it is {speedup!r}",
+                    "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).")
+    if typed(number):
+        checks.fail(case, f"{number} has at most three decimals", "2.0 is the ideal on 2 free cores, not what this "
+                    "machine gave: report what you measured." if number == 2 else TYPED)
+    if not close(number, measured.speedup, SPEEDUP_FACTOR):
         hint = ("set speedup from what your thread_speedups returned on this machine (the median of its rounds), "
                 "not a number from elsewhere; if the machine got busier or quieter since, run your cell and this "
                 "one again.")
         if close(1 / number, measured.speedup, SPEEDUP_FACTOR) and number < 1:
             hint = ("you divided the other way round: speedup = one thread's time / two threads' time, above 1 if "
                     "threads help.")
-        elif number == 2:
-            hint = "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."
-        checks.fail(case, f"your rounds here ran from x{low:.2f} to x{high:.2f}: {number} is more than "
-                    f"{SPEEDUP_FACTOR}x outside that", hint)
+        checks.fail(case, f"your thread_speedups gave a median of x{measured.speedup:.2f} here (twice, if the first "
+                          f"disagreed): {number:.2f} is more than {SPEEDUP_FACTOR}x away", hint)
     checks.passed += 1

@@ -19,6 +19,7 @@ from minidl_course.exercises._common import (
     _loaders,
     _torch,
     _type_name,
+    call,
     refuse_reference,
     run_watched,
     watch,
@@ -116,19 +117,14 @@ def _check_sampler_case(sampler_cls, lengths, batch_size, drop_last, shuffle, se
 
 
 def _run_sampler_case(sampler_cls, lengths, batch_size, drop_last, shuffle, seed, case, expected, checks) -> None:
-    try:
-        sampler = _make_sampler(sampler_cls, lengths, batch_size, drop_last, shuffle, seed)
-    except Exception as e:
-        e.add_note(f"(raised by your sampler's __init__, for {case})")
-        raise
+    sampler = call(_make_sampler, sampler_cls, lengths, batch_size, drop_last, shuffle, seed,
+                   what="sampler's __init__", case=case)
 
-    try:
-        got_len = len(sampler)
-    except TypeError as e:
-        checks.fail(case, f"len(sampler) failed: {e}", "define __len__ to return the number of batches.")
-    except Exception as e:
-        e.add_note(f"(raised by your sampler's __len__, for {case})")
-        raise
+    def no_len(e: Exception) -> None:
+        if isinstance(e, TypeError):
+            checks.fail(case, f"len(sampler) failed: {e}", "define __len__ to return the number of batches.")
+
+    got_len = call(len, sampler, what="sampler's __len__", case=case, explain=no_len)
     if got_len != len(expected[0]):
         checks.fail(
             case,
@@ -139,11 +135,7 @@ def _run_sampler_case(sampler_cls, lengths, batch_size, drop_last, shuffle, seed
     got_epochs = []
     for epoch in range(3):
         where = case + (f", epoch {epoch + 1}" if shuffle else "")
-        try:
-            got = list(sampler)
-        except Exception as e:
-            e.add_note(f"(raised by your sampler's __iter__, for {where})")
-            raise
+        got = call(list, sampler, what="sampler's __iter__", case=where)
         got_epochs.append(got)
         if epoch > 0 and got == got_epochs[0] and expected[epoch] != expected[0]:
             checks.fail(where, f"epoch {epoch + 1} gave the same batch order as epoch 1: {got}",

@@ -18,6 +18,7 @@ from minidl_course.exercises._common import (
     _loaders,
     _torch,
     _type_name,
+    call,
     first_difference,
     refuse_reference,
     run_watched,
@@ -112,11 +113,7 @@ def check_collate(collate_fn: Callable[[list[Sample]], Any]) -> None:
 
 
 def _call_collate(collate_fn, batch, case):
-    try:
-        return collate_fn(batch)
-    except Exception as e:
-        e.add_note(f"(raised by your collate function, for {case})")
-        raise
+    return call(collate_fn, batch, what="collate function", case=case)
 
 
 def _describe_batch(batch: Sequence[Sample]) -> str:

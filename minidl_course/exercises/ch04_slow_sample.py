@@ -7,18 +7,22 @@ slow. The checker times every sample itself, ``dataset[i]`` one by one, and comp
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
-from minidl_course.exercises._common import _Checks, _short, _torch, refuse_reference
+from minidl_course.exercises._common import _Checks, _short, _torch, call, refuse_reference
 
 SECRETS = ("slow_index", "slow_delay", "delay")  # what a dataset that knows it is slow would give away
 # ...and the instance's namespace, which holds them: `dataset.__dict__[...]`, vars(dataset) and dir(dataset)
 # all read it through __getattribute__.
 PEEKED_THROUGH = SECRETS + ("__dict__",)
+
+
+DIRECT_CALLS: list[int] = []  # samples fetched in this process by code other than a loader's (yours, timing them)
 
 
 class SlowSampleDataset(Dataset):
@@ -49,6 +53,9 @@ class SlowSampleDataset(Dataset):
 
     def __getitem__(self, index: int) -> int:
         get = object.__getattribute__  # the dataset's own reads are not peeks
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if not (caller.startswith("minidl.") or caller == __name__):  # not a loader's fetch, nor the checker
+            DIRECT_CALLS.append(index)
         if not 0 <= index < get(self, "n"):
             raise IndexError(f"index {index} out of range for a dataset of {get(self, 'n')}")
         time.sleep(get(self, "slow_delay") if index == get(self, "slow_index") else get(self, "delay"))
@@ -91,18 +98,18 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
         dataset = loader.dataset
         case = (f"a traced DataLoader over {n} samples, batch_size={batch_size}, num_workers={workers}, "
                 f"shuffle={shuffle}")
-        try:
-            answer = find_slow_sample(loader)
-        except ValueError as e:
-            if "trace is empty" in str(e):
+        def empty_trace(e: Exception, case: str = case) -> None:
+            if isinstance(e, ValueError) and "trace is empty" in str(e):
                 checks.fail(case, f"diagnose() raised ValueError: {e}",
                             "the trace fills as the loader runs: iterate over the loader (one epoch) first, then read "
                             "loader.trace.")
-            e.add_note(f"(raised by your find_slow_sample, for {case})")
-            raise
-        except Exception as e:
-            e.add_note(f"(raised by your find_slow_sample, for {case})")
-            raise
+
+        DIRECT_CALLS.clear()
+        answer = call(find_slow_sample, loader, what="find_slow_sample", case=case, explain=empty_trace)
+        if DIRECT_CALLS:
+            checks.fail(case, f"your function fetched {len(DIRECT_CALLS)} samples itself (dataset[i]), outside the "
+                              "loader", "timing each sample yourself is a second epoch, one sample at a time; the "
+                        "loader's trace has already timed every getitem in the epoch it ran: read it there.")
         if dataset.peeks:
             checks.fail(case, f"your function read the dataset's {dataset.peeks[0]!r}",
                         "a dataset doesn't know which sample is slow; the loader's trace does: find it there, by "

@@ -11,7 +11,16 @@ import random
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from minidl_course.exercises._common import Tripwire, _Checks, _short, _torch, refuse_reference, run_watched, watch
+from minidl_course.exercises._common import (
+    Tripwire,
+    _Checks,
+    _short,
+    _torch,
+    refuse_reference,
+    run_watched,
+    watch,
+    yours,
+)
 
 
 class Arrivals:
@@ -104,7 +113,7 @@ def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]])
 
 def _run_reorder(reorder, arrivals: Arrivals, order, got, case, checks: _Checks) -> None:
     due = due_after(order)
-    try:
+    with yours("reorder", case):
         for k, batch in enumerate(reorder(arrivals)):
             got.append(batch)
             if k >= len(order):
@@ -120,9 +129,6 @@ def _run_reorder(reorder, arrivals: Arrivals, order, got, case, checks: _Checks)
                             "each arrival, yield in a while loop for as long as the next index is in the buffer.")
                 checks.fail(case, f"batch {k} was due after {due[k]} arrivals, but you had read {arrivals.taken} "
                                   "when you handed it out", hint)
-    except Exception as e:
-        e.add_note(f"(raised by your reorder, for {case})")
-        raise
 
 
 def _wrong_batch(k, batch, arrivals: Arrivals, order, got, case, checks: _Checks) -> None:

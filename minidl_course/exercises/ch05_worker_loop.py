@@ -33,6 +33,7 @@ from minidl_course.exercises.ch03_collate import expected_collate, make_token_sa
 
 Task = tuple[int, list[int]]  # (task_idx, indices): one batch's worth of work, as the main process sends it
 STUCK_AFTER = 3.0  # seconds a worker loop may take to leave after its sentinel before the checker gives up
+BUSY_MAIN = 0.3  # seconds one case's main process leaves the index queue empty, as a slow training step does
 
 
 def expected_answers(dataset: Any, collate_fn: Callable, tasks: Sequence[Task]) -> list[tuple[int, Any]]:
@@ -103,6 +104,10 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     for description, dataset, collate_fn, tasks in _worker_cases():
         _check_worker_case(worker_loop, description, dataset, collate_fn, tasks, checks)
         checks.passed += 1
+    _check_worker_case(worker_loop, f"RangeDataset(10), default_collate, the main process busy for {BUSY_MAIN:g} s "
+                       "after the first task", toy.RangeDataset(10), default_collate, [(0, [0, 1]), (1, [2, 3])],
+                       checks, pause=BUSY_MAIN)
+    checks.passed += 1
     _check_worker_in_processes(worker_loop, start_method, checks)
     checks.passed += 1
     checks.done()
@@ -126,13 +131,14 @@ class _Poison:
         raise TypeError("the checker is stopping a worker loop that did not leave at its sentinel")
 
 
-def _run_worker_in_thread(worker_loop, dataset, collate_fn, tasks):
-    """Run ``worker_loop`` on ``tasks`` + sentinel + one extra task; return what it did."""
+def _run_worker_in_thread(worker_loop, dataset, collate_fn, tasks, pause: float = 0.0):
+    """Run ``worker_loop`` on ``tasks`` + sentinel + one extra task (the first task alone for ``pause`` seconds,
+    if given); return what it did."""
     index_queue, result_queue = queue.Queue(), queue.Queue()
-    for task in tasks:
-        index_queue.put(task)
-    index_queue.put(None)
-    index_queue.put((999, [0]))  # after the sentinel: a loop that reads it has not stopped
+    items = [*tasks, None, (999, [0])]  # after the sentinel, a task: a loop that reads it has not stopped
+    ready = 1 if pause else len(items)
+    for item in items[:ready]:
+        index_queue.put(item)
     raised = []
 
     def run():
@@ -143,6 +149,10 @@ def _run_worker_in_thread(worker_loop, dataset, collate_fn, tasks):
 
     thread = threading.Thread(target=run, name="ch05_worker_loop", daemon=True)
     thread.start()
+    if pause:
+        time.sleep(pause)
+        for item in items[ready:]:
+            index_queue.put(item)
     thread.join(timeout=STUCK_AFTER)
     still_running = thread.is_alive()
     unread = index_queue.qsize()  # 1 if the task after the sentinel is still there, as it should be
@@ -164,11 +174,13 @@ def _describe_tasks(tasks: Sequence[Task]) -> str:
     return f"tasks {list(tasks)}, then None" if tasks else "only the sentinel None"
 
 
-def _check_worker_case(worker_loop, description, dataset, collate_fn, tasks, checks: _Checks) -> None:
+def _check_worker_case(worker_loop, description, dataset, collate_fn, tasks, checks: _Checks,
+                       pause: float = 0.0) -> None:
     case = f"{description}, {_describe_tasks(tasks)}"
     expected = expected_answers(dataset, collate_fn, tasks)
     results, raised, still_running, unread = run_watched(
-        Tripwire(_library_worker_loops()), lambda: _run_worker_in_thread(worker_loop, dataset, collate_fn, tasks),
+        Tripwire(_library_worker_loops()),
+        lambda: _run_worker_in_thread(worker_loop, dataset, collate_fn, tasks, pause),
         lambda what: checks.fail(case, f"your loop called {what}", DELEGATED.format(what)))
     if raised is not None:
         _explain_crash(raised, results, expected, tasks, case, checks)
@@ -179,8 +191,18 @@ def _check_worker_case(worker_loop, description, dataset, collate_fn, tasks, che
             checks.fail(case, f"after {len(results)} of {len(expected)} answers your loop stopped answering "
                               f"(it was still running {STUCK_AFTER:g} s later)",
                         "read a task, answer it, read the next: one put per task, each as soon as it's done.")
+        if pause:
+            checks.fail(case, f"your loop returned after {len(results)} of {len(expected)} answers, while the index "
+                              f"queue stayed empty for {pause:g} s",
+                        "an empty queue is not the end: a busy main process (a long training step) sends the next "
+                        "task late. Wait with index_queue.get() (with a timeout, go on waiting after queue.Empty); "
+                        "only None ends the loop.")
         checks.fail(case, f"your loop returned after {len(results)} of {len(expected)} answers",
                     "keep reading tasks until you read None; only the sentinel ends the loop.")
+    if len(results) == len(expected) + 1 and results[-1] is None and unread == 1:
+        checks.fail(case, "your loop put None on result_queue after its answers",
+                    "put only answers on result_queue: the main process knows how many tasks it sent, and a None "
+                    "there is not a (task_idx, batch) pair. At the sentinel, just return.")
     if unread == 0 or len(results) > len(expected):
         checks.fail(case, "your loop read past the sentinel: it took the task put after None"
                           + (f" and answered it with {results[len(expected)]!r}" if len(results) > len(expected)
@@ -225,6 +247,10 @@ def _compare_result(k, want, got, tasks, dataset, collate_fn, case, checks: _Che
     if isinstance(want_batch, ExceptionWrapper):
         exc = want_batch.exc_type.__name__
         if isinstance(got_batch, ExceptionWrapper):
+            if got_batch.exc_type is None:
+                checks.fail(case, f"{where} (task {want_idx}) is an ExceptionWrapper that holds no exception",
+                            "make the ExceptionWrapper inside the except block: it reads the exception being handled "
+                            "(sys.exc_info()), and after the block there is none.")
             if got_batch.exc_type is not want_batch.exc_type:
                 checks.fail(case, f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a "
                                   f"{got_batch.exc_type.__name__}")

@@ -15,8 +15,18 @@ from typing import Any
 import numpy as np
 
 from minidl.dataset import Dataset
-from minidl_course.exercises._common import Tripwire, _Checks, _loaders, _torch, refuse_reference, run_watched, watch
-from minidl_course.exercises.ch06_sharding import NONE_INFO, SeenInfo, as_worker
+from minidl_course.exercises._common import (
+    Tripwire,
+    _Checks,
+    _loaders,
+    _torch,
+    call,
+    refuse_reference,
+    run_watched,
+    watch,
+    yours,
+)
+from minidl_course.exercises.ch06_sharding import SeenInfo, as_worker, none_info
 
 
 class AugmentedDataset(Dataset):
@@ -46,6 +56,8 @@ class _NoRng:
     """What a check hands out as ``info.rng``: reading it is noted, as it is the loader's own fix."""
 
 
+SEED_NUMPY = ("toy.seed_numpy_from_worker reseeds NumPy's global stream: the library's fix for a dataset that "
+              "draws from it. ")
 DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: derive a seed from info.seed and "
              "give the dataset a generator of its own; that is what this exercise practises.")
 
@@ -71,32 +83,19 @@ def _as_worker_of(worker_init_fn, worker_id: int, num_workers: int, seed: int, c
     dataset = AugmentedDataset(8)
     info = SeenInfo(worker_id, num_workers, seed, dataset)
     info._fields["rng"] = _NoRng()
-    np_global = np.random.get_state()
 
-    def call():
+    def run() -> bool:  # as the worker, seeded as it is: did worker_init_fn move NumPy's global stream?
         with as_worker(info):
-            try:
-                worker_init_fn(worker_id)
-            except AttributeError as e:
-                if "NoneType" in str(e):
-                    checks.fail(case, f"your worker_init_fn raised AttributeError: {e}", NONE_INFO)
-                e.add_note(f"(raised by your worker_init_fn, for {case})")
-                raise
-            except Exception as e:
-                e.add_note(f"(raised by your worker_init_fn, for {case})")
-                raise
+            seeded = np.random.get_state()
+            call(worker_init_fn, worker_id, what="worker_init_fn", case=case, explain=none_info(checks, case))
+            return not _same_state(seeded, np.random.get_state())
 
-    try:
-        run_watched(Tripwire(_library_seeding()), call,
-                    lambda what: checks.fail(case, f"your worker_init_fn {what}",
-                                             "toy.seed_numpy_from_worker reseeds NumPy's global stream: the "
-                                             "library's fix for a dataset that draws from it. " + DELEGATED.format(
-                                                 "leans on it instead of reseeding the dataset's own generator")))
-        if "rng" in info.read:
-            checks.fail(case, "your worker_init_fn read get_worker_info().rng", DELEGATED.format("used info.rng"))
-        touched_global = not _same_state(np_global, np.random.get_state())
-    finally:
-        np.random.set_state(np_global)
+    touched_global = run_watched(
+        Tripwire(_library_seeding()), run,
+        lambda what: checks.fail(case, f"your worker_init_fn {what}", SEED_NUMPY + DELEGATED.format(
+            "leans on it instead of reseeding the dataset's own generator")))
+    if "rng" in info.read:
+        checks.fail(case, "your worker_init_fn read get_worker_info().rng", DELEGATED.format("used info.rng"))
     return dataset, info, touched_global
 
 
@@ -172,13 +171,9 @@ def _check_in_loader(*args) -> None:
 
 def _check_in_loader_quietly(worker_init_fn, name: str, loader_cls, checks: _Checks) -> None:
     case = f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=yours)"
-    try:
+    with yours("worker_init_fn, in the loader", case, none_info(checks, case)):
         first, second = _epoch_draws(loader_cls, worker_init_fn, seed=7)
         again = _epoch_draws(loader_cls, worker_init_fn, seed=7)
-    except Exception as e:
-        if "NoneType" in str(e):
-            checks.fail(case, f"the loader raised {type(e).__name__}: {str(e).splitlines()[-1]}", NONE_INFO)
-        raise
     repeated = [x for x in set(first) if first.count(x) > 1]
     if repeated:
         checks.fail(case, f"the draw {repeated[0]:.6f} came {first.count(repeated[0])} times in one epoch",

@@ -16,7 +16,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from minidl_course.exercises._common import Tripwire, _Checks, _loaders, refuse_reference, run_watched, watch
+import numpy as np
+
+from minidl_course.exercises._common import (
+    Tripwire,
+    _Checks,
+    _loaders,
+    call,
+    refuse_reference,
+    run_watched,
+    watch,
+    yours,
+)
 
 
 def range_stream(start: int, end: int):
@@ -44,22 +55,34 @@ class SeenInfo:
 
 @contextmanager
 def as_worker(info: Any) -> Iterator[None]:
-    """Make ``torch.utils.data.get_worker_info()`` return ``info`` here, as it does inside a worker."""
+    """Be worker ``info.id`` here for a while, as far as a ``worker_init_fn`` can tell: ``get_worker_info()``
+    returns ``info``, and ``random``, NumPy's global stream and torch are seeded as a worker process seeds them
+    (from the base seed ``info.seed - info.id``, as torch does). All of it is put back after."""
+    import torch
     import torch.utils.data._utils.worker as torch_worker
 
-    saved = torch_worker._worker_info
+    from minidl.worker import _seed_worker
+
+    saved = (torch_worker._worker_info, random.getstate(), np.random.get_state(), torch.get_rng_state(),
+             torch.get_num_threads())
     torch_worker._worker_info = info
     try:
+        _seed_worker(info.seed - info.id, info.id, "multiprocessing")
         yield
     finally:
-        torch_worker._worker_info = saved
+        torch_worker._worker_info = saved[0]
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
+        torch.set_rng_state(saved[3])
+        torch.set_num_threads(saved[4])
 
 
 def call_as_worker(worker_init_fn: Callable[[int], None], dataset: Any, worker_id: int = 0, num_workers: int = 1,
                    seed: int = 0) -> Any:
     """Call ``worker_init_fn(worker_id)`` here, as worker ``worker_id`` of ``num_workers`` would; return ``dataset``.
 
-    ``torch.utils.data.get_worker_info()`` returns the worker's info meanwhile, with ``dataset`` as its copy.
+    ``torch.utils.data.get_worker_info()`` returns the worker's info meanwhile, with ``dataset`` as its copy, and
+    ``random``, NumPy and torch are seeded from ``seed`` as in that worker (``as_worker``).
     """
     with as_worker(SeenInfo(worker_id, num_workers, seed, dataset)):
         worker_init_fn(worker_id)
@@ -70,7 +93,7 @@ def _sharding_cases() -> Iterator[tuple[int, int, int]]:
     """(start, end, num_workers): small readable ones, then seeded random ones."""
     yield 0, 10, 1
     yield 0, 10, 2
-    yield 0, 10, 3  # 10 items, 3 workers: shards of 4, 4 and 2
+    yield 0, 10, 3  # 10 items, 3 workers: shards of 4, 4 and 2 (the spec's; 3, 3, 4 is refused)
     yield 5, 12, 3  # not starting at 0
     yield 0, 2, 3  # more workers than items: one worker gets nothing
     yield 4, 4, 2  # an empty stream
@@ -84,6 +107,14 @@ DELEGATED = ("your worker_init_fn {0}: set this worker's start and end on get_wo
              "is what this exercise practises.")
 NONE_INFO = ("call torch.utils.data.get_worker_info() (minidl's workers set it too); minidl.get_worker_info() "
              "is set only by minidl's own workers, so under torch's DataLoader it returns None.")
+
+
+def none_info(checks: _Checks, case: str) -> Callable[[Exception], None]:
+    """An ``explain`` for ``yours``: an error about None is get_worker_info() returning None."""
+    def explain(e: Exception) -> None:
+        if "NoneType" in str(e):
+            checks.fail(case, f"your worker_init_fn raised {type(e).__name__}: {str(e).splitlines()[-1]}", NONE_INFO)
+    return explain
 
 
 def _library_sharding() -> dict:
@@ -133,20 +164,11 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, checks
         info = SeenInfo(worker_id, num_workers, seed=1000 + worker_id, dataset=dataset)
         where = f"{case}, worker {worker_id}"
 
-        def call(worker_id=worker_id, info=info, where=where):
+        def run(worker_id=worker_id, info=info, where=where):
             with as_worker(info):
-                try:
-                    worker_init_fn(worker_id)
-                except AttributeError as e:
-                    if "NoneType" in str(e):
-                        checks.fail(where, f"your worker_init_fn raised AttributeError: {e}", NONE_INFO)
-                    e.add_note(f"(raised by your worker_init_fn, for {where})")
-                    raise
-                except Exception as e:
-                    e.add_note(f"(raised by your worker_init_fn, for {where})")
-                    raise
+                call(worker_init_fn, worker_id, what="worker_init_fn", case=where, explain=none_info(checks, where))
 
-        run_watched(Tripwire(_library_sharding()), call,
+        run_watched(Tripwire(_library_sharding()), run,
                     lambda what, where=where: checks.fail(where, f"your worker_init_fn {what}", DELEGATED.format(what)))
         if isinstance(dataset, _self_sharding()):
             checks.fail(where, "your worker_init_fn turned the dataset into minidl's toy.ShardedRange",
@@ -190,6 +212,14 @@ def _compare_shards(shards, start: int, end: int, num_workers: int, case: str, c
             hint = (f"the last samples belong to no worker: with {end - start} samples and {num_workers} workers, "
                     "round the shard size up, -(-(end - start) // num_workers), and cap each end at end.")
         checks.fail(case, f"your shards are {described}; sample {missing[0]} is in none of them", hint)
+    per = -(-(end - start) // num_workers)
+    for w, lo, hi in shards:
+        want = (min(start + w * per, end), min(start + (w + 1) * per, end))
+        if (lo, hi) != want and not (want[0] == want[1] and lo >= hi):
+            checks.fail(case, f"your shards are {described}; each sample comes once, but worker {w}'s part should be "
+                              f"[{want[0]}, {want[1]})",
+                        f"the spec's split: contiguous parts of ceil({end - start} / {num_workers}) = {per} samples in "
+                        "worker order, the last one shorter (or empty).")
 
 
 def _check_importable(worker_init_fn, checks: _Checks) -> None:
@@ -211,14 +241,9 @@ def _check_in_loader(*args) -> None:
 def _check_in_loader_quietly(worker_init_fn, name: str, loader_cls, num_workers: int, checks: _Checks) -> None:
     stream = range_stream(3, 20)
     case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
-    try:
+    with yours("worker_init_fn, in the loader", case, none_info(checks, case)):
         got = [int(x) for batch in loader_cls(stream, batch_size=2, num_workers=num_workers,
                                               worker_init_fn=worker_init_fn) for x in batch]
-    except Exception as e:
-        if "NoneType" in str(e):
-            checks.fail(case, f"the loader raised {type(e).__name__}: {str(e).splitlines()[-1]}", NONE_INFO)
-        e.add_note(f"(raised by the loader running your worker_init_fn, for {case})")
-        raise
     counts = Counter(got)
     twice = sorted(i for i, c in counts.items() if c > 1)
     missing = [i for i in range(3, 20) if i not in counts]

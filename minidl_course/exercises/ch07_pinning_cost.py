@@ -17,13 +17,22 @@ from typing import Any
 import numpy as np
 
 from minidl_course import pinning_demo
-from minidl_course.exercises._common import _Checks
-from minidl_course.exercises._measure import agrees, as_number, close, interleaved, measure_then_judge, median_ratio
+from minidl_course.exercises._common import _Checks, call
+from minidl_course.exercises._measure import (
+    TYPED,
+    as_number,
+    close,
+    interleaved,
+    measure_then_judge,
+    median_ratio,
+    twice,
+    typed,
+)
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
 ROUNDS = 15
 CALLS_PER_ROUND = 10
-RATIO_FACTOR = 1.5  # a reported ratio within this factor of the measured one is accepted
+RATIO_FACTOR = 1.5  # a reported ratio within this factor of the median of the checker's rounds is accepted
 REUSE_PAYS = 1.5  # measured ratio above this: reusing pays, so reuse_pays must be True
 REUSE_DOES_NOT_PAY = 1.15  # below this: it must be False; in between either is accepted
 
@@ -93,7 +102,8 @@ def check_pin_copy(pin_copy: Callable[..., np.ndarray], ratio: Any, reuse_pays: 
     Prints what it measured. Raises AssertionError at the first problem, with a hint.
     """
     return measure_then_judge(
-        [pin_copy], lambda checks: check_copies(pin_copy, checks), lambda: measure(pin_copy),
+        [pin_copy], lambda checks: check_copies(pin_copy, checks),
+        lambda: twice(lambda: measure(pin_copy), lambda m: _agrees(ratio, m)),
         lambda measured: (f"Measured: pin_copy {np.median(measured.pinned) * 1e3:.3f} ms per {BATCH_BYTES >> 20} MiB "
                           f"batch, a copy into a reused buffer {np.median(measured.reused) * 1e3:.3f} ms; ratio "
                           f"{measured.ratio:.2f} (median of {len(measured.pinned)} rounds)"),
@@ -101,17 +111,13 @@ def check_pin_copy(pin_copy: Callable[..., np.ndarray], ratio: Any, reuse_pays: 
 
 
 def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
-    previous = None
-    for seed, nbytes in enumerate((96 * 1024, 4096, BATCH_BYTES, BATCH_BYTES)):
+    returned: list[np.ndarray] = []  # every buffer returned so far, kept alive: a fresh one can't reuse their memory
+    for seed, nbytes in enumerate((96 * 1024, 4096, BATCH_BYTES, BATCH_BYTES, BATCH_BYTES)):  # 3: two buffers in turn
         batch = make_batch(nbytes, seed)
         before = batch.copy()
         case = f"pin_copy(batch of {nbytes:,} bytes, shape {batch.shape}), call {seed + 1}"
         spy = LockSpy()
-        try:
-            out = pin_copy(batch, spy)
-        except Exception as e:
-            e.add_note(f"(raised by your pin_copy, for {case})")
-            raise
+        out = call(pin_copy, batch, spy, what="pin_copy", case=case)
         if not isinstance(out, np.ndarray):
             checks.fail(case, f"pin_copy should return a numpy.ndarray, but it returned {type(out).__name__}",
                         "return the new buffer (a NumPy array) holding the copy.")
@@ -126,9 +132,11 @@ def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
         if np.shares_memory(out, batch):
             checks.fail(case, "the returned array is the batch itself (or a view of it), not a copy",
                         "pinning copies: the page-locked buffer is new memory, which the batch is copied into.")
-        if previous is not None and np.shares_memory(out, previous):
-            checks.fail(case, "the buffer returned is the one returned by the previous call",
-                        "this exercise measures a fresh buffer per batch: allocate it inside pin_copy.")
+        again = next((k for k, old in enumerate(returned) if np.shares_memory(out, old)), None)
+        if again is not None:
+            checks.fail(case, f"the buffer returned is the one call {again + 1} returned",
+                        "this exercise measures a fresh buffer per batch: allocate it inside pin_copy (buffers kept "
+                        "from earlier calls, one or several, are the reuse that ratio is compared with).")
         if not spy.locked:
             checks.fail(case, "pin_copy never called lock_pages",
                         "lock the new buffer: `with lock_pages(out):` around the copy. Copying alone (as "
@@ -136,8 +144,13 @@ def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
         if not any(np.shares_memory(locked, out) for locked in spy.locked):
             checks.fail(case, "lock_pages was called, but not on the buffer you returned",
                         "lock the new buffer you copy into, not the batch.")
-        previous = out
+        returned.append(out)
         checks.passed += 1
+
+
+def _agrees(ratio: Any, measured: Measured) -> bool:
+    number = as_number(ratio)
+    return number is not None and close(number, measured.ratio, RATIO_FACTOR)
 
 
 def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | None = None) -> None:
@@ -148,12 +161,15 @@ def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | Non
     if number is None or number <= 0:
         checks.fail(case, f"ratio should be a positive number, but it is {ratio!r}",
                     "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.")
-    if not agrees(number, measured.ratios, RATIO_FACTOR):
+    if typed(number):
+        checks.fail(case, f"{number} has at most three decimals", TYPED)
+    if not _agrees(number, measured):
         hint = ("time both in interleaved rounds (several calls per round), and report the median of the per-round "
                 "ratios pin_copy time / reused copy time.")
         if number < 1 and close(1 / number, measured.ratio, RATIO_FACTOR):
             hint = "you divided the other way round: pin_copy's time / the reused copy's time."
-        checks.fail(case, f"that is more than {RATIO_FACTOR}x away from what the checker measured", hint)
+        checks.fail(case, f"that is more than {RATIO_FACTOR}x away from the median of the checker's rounds (measured "
+                          "twice if the first disagreed)", hint)
     checks.passed += 1
     case = f"reuse_pays={reuse_pays!r}, with pinning a fresh buffer {measured.ratio:.2f}x a reused copy"
     if not isinstance(reuse_pays, bool):

@@ -22,6 +22,7 @@ from minidl_course.exercises._common import (
     refuse_reference,
     run_watched,
     watch,
+    yours,
 )
 
 
@@ -126,16 +127,56 @@ def _check_prefetch_case(prefetcher, description, batches, mean, std, checks: _C
     expected = expected_outputs(batches, mean, std)
     untouched = [(x.clone(), y.clone()) for x, y in batches]
     log: list[str] = []
-    loader = RecordingLoader(batches, log)
-    got = []
+    loader = RecordingLoader(watched(batches, log), log)
+    got, late = [], []
     run_watched(Tripwire(_library_prefetchers()),
-                lambda: _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, checks),
+                lambda: _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, late, case, checks),
                 lambda what: checks.fail(case, f"your prefetcher used {what}", DELEGATED.format(what)))
     _check_prefetch_result(loader, batches, untouched, got, expected, mean, std, case, checks)
+    if late:  # all else right: the work is done, but late
+        checks.fail(case, late[0], "normalise a batch as soon as you fetch it, before you yield the one you hold: "
+                    "that work is what prefetching moves off the training step (on a GPU, onto its own stream).")
 
 
-def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, checks: _Checks) -> None:
-    try:
+def watched(batches: Sequence[tuple[Any, Any]], log: list[str]) -> list[tuple[Any, Any]]:
+    """``batches`` whose images note in ``log`` ("normalise k") each operation that makes floats from them."""
+    torch = _torch()
+
+    class Watched(torch.Tensor):
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            with torch._C.DisableTorchFunctionSubclass():  # results are plain tensors
+                out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.is_floating_point():
+                log.extend(f"normalise {a.batch_index}" for a in _flat((args, kwargs)) if isinstance(a, cls))
+            return out
+
+    out = []
+    for k, (images, targets) in enumerate(batches):
+        images = images.as_subclass(Watched)
+        images.batch_index = k
+        out.append((images, targets))
+    return out
+
+
+def _flat(obj: Any) -> Iterator[Any]:
+    if isinstance(obj, list | tuple):
+        for item in obj:
+            yield from _flat(item)
+    elif isinstance(obj, dict):
+        yield from _flat(list(obj.values()))
+    else:
+        yield obj
+
+
+def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, late, case, checks: _Checks) -> None:
+    def stop_iteration(e: Exception) -> None:
+        if isinstance(e, RuntimeError) and "StopIteration" in str(e):
+            checks.fail(case, f"your prefetcher raised RuntimeError: {e}",
+                        "next(iterator) on an exhausted iterator raises StopIteration, which a generator turns "
+                        "into this error: use next(iterator, None), or a for loop over the loader.")
+
+    with yours("prefetcher", case, stop_iteration):
         for k, item in enumerate(prefetcher(loader, mean, std)):
             log.append(f"yield {k}")
             fetched_then = loader.fetched
@@ -145,22 +186,15 @@ def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, case, chec
                                   f"(order so far: {', '.join(log)})",
                             "take the next batch from the loader (and normalise it) before you yield the current "
                             "one; that is what prefetching means.")
+            if k + 1 < len(batches) and f"normalise {k + 1}" not in log and not late:
+                late.append(f"when you handed out batch {k}, batch {k + 1} was fetched but not yet normalised "
+                            f"(order so far: {', '.join(log)})")
             if fetched_then > k + 2:
                 checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched_then} batches "
                                   f"(order so far: {', '.join(log)})",
                             "stay one batch ahead, no more: every batch held costs memory (GPU memory, on a GPU).")
             if k >= len(batches):
                 break
-    except RuntimeError as e:
-        if "StopIteration" in str(e):
-            checks.fail(case, f"your prefetcher raised RuntimeError: {e}",
-                        "next(iterator) on an exhausted iterator raises StopIteration, which a generator turns "
-                        "into this error: use next(iterator, None), or a for loop over the loader.")
-        e.add_note(f"(raised by your prefetcher, for {case})")
-        raise
-    except Exception as e:
-        e.add_note(f"(raised by your prefetcher, for {case})")
-        raise
 
 
 def _check_prefetch_result(loader, batches, untouched, got, expected, mean, std, case, checks: _Checks) -> None:
@@ -231,12 +265,9 @@ def _check_prefetcher_with_dataloader(prefetcher, checks: _Checks) -> None:
     mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
     case = "minidl.DataLoader(10 HWC uint8 images, batch_size=4, collate_fn=fast_collate(channels_last=True))"
     want = expected_outputs(list(loader), mean, std)
-    try:
+    with yours("prefetcher", case):
         got = run_watched(Tripwire(_library_prefetchers()), lambda: list(prefetcher(loader, mean, std)),
                           lambda what: checks.fail(case, f"your prefetcher used {what}", DELEGATED.format(what)))
-    except Exception as e:
-        e.add_note(f"(raised by your prefetcher, for {case})")
-        raise
     if len(got) != len(want):
         checks.fail(case, f"the loader has {len(want)} batches, but you yielded {len(got)}")
     for k, (item, (want_x, want_y)) in enumerate(zip(got, want)):

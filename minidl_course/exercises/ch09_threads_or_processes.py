@@ -23,13 +23,16 @@ import numpy as np
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
-from minidl_course.exercises._common import _Checks, _short
-from minidl_course.exercises._measure import as_number, measure_then_judge
+from minidl_course.exercises._common import _Checks, _short, call
+from minidl_course.exercises._measure import Stopwatch, as_number, measure_then_judge, off_the_clock
 
 METHODS = ("multiprocessing", "thread")
 WORKLOADS = ("python_loop", "sleep_numpy")
 BAND = 1.15  # when the slower one takes less than BAND x the faster one's time, either answer is accepted
 ROUNDS = 3
+CLOCK_HINT = ("time each run_epoch(method) call with time.perf_counter() just before and just after it, in every "
+              "round, and return those times: the checker clocks the same calls, and a number made up, reused or "
+              "typed in does not match them.")
 STANDIN_SECONDS = {"multiprocessing": 0.08, "thread": 0.04}  # the stand-in's epoch times: threads twice as fast
 
 
@@ -85,6 +88,7 @@ class Measured:
     """Seconds per epoch for each (workload, worker_method), one per round."""
 
     seconds: Mapping[str, Mapping[str, list[float]]]
+    problem: str = ""  # where your time_methods' figures are not the checker's clock's, if anywhere
 
     def median(self, workload: str, method: str) -> float:
         return statistics.median(self.seconds[workload][method])
@@ -109,14 +113,29 @@ def measure(time_methods: Callable[[Callable[[str], Any], int], Any], rounds: in
     """Your ``time_methods`` on each workload's ``run_epoch`` (an epoch of both datasets by default)."""
     if runs is None:
         runs = {name: (lambda method, d=dataset: epoch(d, method)) for name, dataset in make_datasets().items()}
-    measured = {}
+    measured, problem = {}, ""
     for name, run in runs.items():
-        got = time_methods(run, rounds)
+        watch = Stopwatch(run)  # the checker's clock on each run_epoch call your time_methods makes
+        got = call(time_methods, watch, rounds, what="time_methods", case=name)
         measured[name] = _seconds(got, rounds)
         if measured[name] is None:
             raise AssertionError(f"your time_methods returned {_short(got)} for {name}: it should return "
                                  f"{{method: [seconds of each round]}}, as it did for the stand-in")
-    return Measured(measured)
+        problem = problem or _off_the_clock(name, measured[name], watch)
+    return Measured(measured, problem)
+
+
+def _off_the_clock(name: str, seconds: Mapping[str, list[float]], watch: Stopwatch) -> str:
+    """Where the seconds your code returned are not those of the run_epoch calls it made ("" if nowhere)."""
+    for method in METHODS:
+        ours = watch.seconds(method)
+        r = off_the_clock(seconds[method], ours)
+        if r is not None:
+            took = f"took {ours[-len(seconds[method]) + r]:.3f} s" if len(ours) >= len(seconds[method]) else (
+                f"was made {len(ours)} times for {len(seconds[method])} rounds")
+            return (f"{name}: your time_methods says round {r + 1} of {method!r} took {seconds[method][r]:.3f} s, but "
+                    f"the run_epoch({method!r}) call behind it {took} on the checker's clock")
+    return ""
 
 
 def _seconds(got: Any, rounds: int) -> dict[str, list[float]] | None:
@@ -159,11 +178,8 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
     """Your ``time_methods`` on a stand-in ``run_epoch`` that sleeps 80 ms for processes and 40 ms for threads."""
     case = (f"a stand-in run_epoch(method) that sleeps {STANDIN_SECONDS['multiprocessing'] * 1e3:.0f} ms for "
             f"'multiprocessing' and {STANDIN_SECONDS['thread'] * 1e3:.0f} ms for 'thread'")
-    try:
-        got = time_methods(lambda method: time.sleep(STANDIN_SECONDS[method]), ROUNDS)
-    except Exception as e:
-        e.add_note(f"(raised by your time_methods, for {case})")
-        raise
+    watch = Stopwatch(lambda method: time.sleep(STANDIN_SECONDS[method]))
+    got = call(time_methods, watch, ROUNDS, what="time_methods", case=case)
     seconds = _seconds(got, ROUNDS)
     if seconds is None:
         checks.fail(case, f"time_methods(run_epoch, {ROUNDS}) should return {{method: [seconds of each round]}} for "
@@ -176,6 +192,9 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
         if all(0.8 * STANDIN_SECONDS[swapped[m]] <= medians[m] <= 2 * STANDIN_SECONDS[swapped[m]] for m in METHODS):
             hint = "your times are under the wrong method: keep each epoch's time under the method that ran it."
         checks.fail(case, "your medians are " + ", ".join(f"{m} {medians[m] * 1e3:.0f} ms" for m in METHODS), hint)
+    problem = _off_the_clock("the stand-in", seconds, watch)
+    if problem:
+        checks.fail(case, problem, CLOCK_HINT)
     checks.passed += 1
 
 
@@ -205,6 +224,9 @@ def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None 
         ("sleep_numpy", "thread"): "sleeping (like reading a file) and NumPy release the GIL, so threads overlap as "
                                    "well as processes do, without starting processes or sending arrays between them.",
     }
+    if measured.problem:
+        checks.fail("your time_methods on the two workloads, against the checker's clock", measured.problem,
+                    CLOCK_HINT)
     for name in WORKLOADS:
         best, gap, rounds = measured.faster(name), measured.gap(name), measured.round_gaps(name)
         case = f"{name}: you answered {faster[name]!r}; your time_methods measured {best!r} faster by {gap:.2f}x"
@@ -216,7 +238,7 @@ def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None 
                   "rounds agree)")
         elif faster[name] != best:
             hint = why.get((name, best), f"your own time_methods measured {best!r} faster in every round here: answer "
-                                         "what this machine measured, not what you expected (the solution notebook "
-                                         "says when the usual answer turns round)")
+                                         "what this machine measured, not what you expected (process workers lose "
+                                         "where the cores are few or busy: their start-up is then all they add)")
             checks.fail(case, f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", hint)
         checks.passed += 1

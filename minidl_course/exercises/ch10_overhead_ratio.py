@@ -18,13 +18,16 @@ from typing import Any
 
 from minidl.dataloader import DataLoader
 from minidl_course import toy
-from minidl_course.exercises._common import _Checks, _torch
-from minidl_course.exercises._measure import agrees, as_number, close, measure_then_judge
+from minidl_course.exercises._common import _Checks, _torch, call
+from minidl_course.exercises._measure import TYPED, as_number, close, measure_then_judge, off_the_clock, twice, typed
 
 BATCHES = 3000
 ROUNDS = 7
 NAMES = ("minidl", "torch")
-RATIO_FACTOR = 1.5  # a reported ratio within this factor of the measured one is accepted
+RATIO_FACTOR = 1.5  # a reported ratio within this factor of the median of the checker's rounds is accepted
+CLOCK_FACTOR = 1.25  # each figure of your per_batch_seconds must be within this factor of the checker's clock
+CLOCK_HINT = ("stamp time.perf_counter() as each batch arrives, from the first to the last, and divide by the batches "
+              "after the first: the checker stamps the same batches, and a number typed in or reused does not match.")
 
 
 def make_loaders(batches: int = BATCHES) -> dict[str, Any]:
@@ -54,12 +57,50 @@ class PacedLoader:
         return self.batches
 
 
+class Clocked:
+    """A loader as your ``per_batch_seconds`` gets it: the batches of ``loader``, each one's arrival stamped on the
+    checker's clock; ``per_batch`` is the same figure yours should give, from those stamps."""
+
+    def __init__(self, loader: Iterable) -> None:
+        self.loader, self.arrivals = loader, []
+
+    def __iter__(self) -> Iterator[Any]:
+        self.arrivals = []
+        for batch in self.loader:
+            self.arrivals.append(time.perf_counter())
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def per_batch(self) -> float:
+        a = self.arrivals
+        return (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else 0.0
+
+
+def timed(per_batch_seconds: Callable[[Iterable], Any], loader: Iterable, case: str) -> tuple[Any, float]:
+    """Your ``per_batch_seconds`` on ``loader``, and the checker's figure for the same epoch."""
+    clocked = Clocked(loader)
+    got = call(per_batch_seconds, clocked, what="per_batch_seconds", case=case)
+    return got, clocked.per_batch
+
+
+def _off_clock(name: str, got: float, ours: float) -> str:
+    if off_the_clock([got], [ours], factor=CLOCK_FACTOR, slack=1e-6) is None:
+        return ""
+    return (f"for the {name} loader your per_batch_seconds returned {got * 1e6:.2f} µs, but that epoch's batches "
+            f"arrived {ours * 1e6:.2f} µs apart on the checker's clock" if ours else
+            f"your per_batch_seconds returned {got!r} without running an epoch of the {name} loader")
+
+
 @dataclass(frozen=True)
 class Measured:
-    """Per-batch seconds of each loader, one per round."""
+    """Per-batch seconds of each loader, one per round, and where your figures left the checker's clock."""
 
     minidl: list[float]
     torch: list[float]
+    problem: str = ""
 
     @property
     def ratios(self) -> list[float]:
@@ -75,18 +116,20 @@ def measure(per_batch_seconds: Callable[[Iterable], Any], rounds: int = ROUNDS,
     """Your ``per_batch_seconds`` on minidl's and torch's loader (``make_loaders()`` by default): one warm-up
     each, then ``rounds`` rounds, each timing both, the order swapped from one round to the next."""
     loaders = loaders or make_loaders()
-    for loader in loaders.values():
-        per_batch_seconds(loader)
+    for name, loader in loaders.items():
+        timed(per_batch_seconds, loader, f"the {name} loader")
     per_batch: dict[str, list[float]] = {name: [] for name in NAMES}
+    problem = ""
     for r in range(rounds):
         for name in (NAMES if r % 2 == 0 else NAMES[::-1]):
-            got = per_batch_seconds(loaders[name])
+            got, ours = timed(per_batch_seconds, loaders[name], f"the {name} loader")
             number = as_number(got)
             if number is None or number <= 0:
                 raise AssertionError(f"your per_batch_seconds returned {got!r} for the {name} loader: it should "
                                      "return seconds per batch, a positive number, as it did for PacedLoader")
+            problem = problem or _off_clock(name, number, ours)
             per_batch[name].append(number)
-    return Measured(per_batch["minidl"], per_batch["torch"])
+    return Measured(per_batch["minidl"], per_batch["torch"], problem)
 
 
 def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
@@ -97,7 +140,7 @@ def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
     """
     return measure_then_judge(
         [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
-        lambda: measure(per_batch_seconds),
+        lambda: twice(lambda: measure(per_batch_seconds), lambda m: _agrees(ratio, m)),
         lambda measured: (f"Measured with your per_batch_seconds: minidl {statistics.median(measured.minidl) * 1e6:.1f}"
                           f" µs per batch, torch {statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / "
                           f"torch {measured.ratio:.2f} (median of {len(measured.minidl)} rounds, which ranged "
@@ -108,12 +151,7 @@ def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
 def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks) -> None:
     for batches, start, every in ((11, 0.2, 0.01), (3, 0.0, 0.05)):
         case = f"a loader of {batches} batches: the first after {start} s, then one every {every} s"
-        loader = PacedLoader(batches, start, every)
-        try:
-            got = per_batch_seconds(loader)
-        except Exception as e:
-            e.add_note(f"(raised by your per_batch_seconds, for {case})")
-            raise
+        got, ours = timed(per_batch_seconds, PacedLoader(batches, start, every), case)
         number = as_number(got)
         if number is None:
             checks.fail(case, f"per_batch_seconds should return a number of seconds, but it returned {got!r}")
@@ -133,25 +171,38 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
                 hint = ("you divided by all n batches, but the clock ran only from the first to the last: n - 1 "
                         "intervals.")
             checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", hint)
+        if _off_clock("paced", number, ours):
+            checks.fail(case, _off_clock("paced", number, ours), CLOCK_HINT)
         checks.passed += 1
 
 
+def _agrees(ratio: Any, measured: Measured) -> bool:
+    number = as_number(ratio)
+    return number is not None and close(number, measured.ratio, RATIO_FACTOR)
+
+
 def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict on the reported ``ratio``, from what your ``per_batch_seconds`` measured in the check alone."""
+    """The verdict on your timing (each figure within ``CLOCK_FACTOR`` of the checker's clock on the same epoch) and
+    on the reported ``ratio``: your code's number, within ``RATIO_FACTOR`` of the median of the rounds (measured
+    again once if not)."""
     checks = checks or _Checks()
+    if measured.problem:
+        checks.fail("your per_batch_seconds on both loaders, against the checker's clock", measured.problem,
+                    CLOCK_HINT)
     case = f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now"
     number = as_number(ratio)
     if number is None or number <= 0:
         checks.fail(case, f"ratio should be a positive number, but it is {ratio!r}",
                     "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.")
-    if not agrees(number, measured.ratios, RATIO_FACTOR):
+    if typed(number):
+        checks.fail(case, f"{number} has at most three decimals", "1.0 says the two cost the same: report the "
+                    "ratio you measured, not a guess." if number == 1 else TYPED)
+    if not _agrees(number, measured):
         hint = ("set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
                 "torch's each round, the median), not a figure from the README or another machine; if the machine "
                 "got busier or quieter since, run your cell and this one again.")
         if close(1 / number, measured.ratio, RATIO_FACTOR):
             hint = "you divided the other way round: minidl's per-batch time / torch's."
-        elif number == 1:
-            hint = "1.0 says the two cost the same: report the ratio you measured, not a guess."
-        checks.fail(case, f"your rounds here ran from {min(measured.ratios):.2f} to {max(measured.ratios):.2f}: "
-                    f"{number} is more than {RATIO_FACTOR}x outside that", hint)
+        checks.fail(case, f"your rounds here gave a median of {measured.ratio:.2f} (measured twice if the first "
+                    f"disagreed): {number} is more than {RATIO_FACTOR}x away", hint)
     checks.passed += 1

@@ -39,8 +39,8 @@ from minidl.dataset import Dataset
 from minidl.worker import get_worker_info
 from minidl_course import osfacts
 from minidl_course.cores import core_count, worker_sweep
-from minidl_course.exercises._common import _Checks
-from minidl_course.exercises._measure import agrees, as_number, measure_then_judge
+from minidl_course.exercises._common import _Checks, call, yours
+from minidl_course.exercises._measure import agrees, as_number, measure_then_judge, off_the_clock
 
 # --- 1. copy-on-read --------------------------------------------------------------------------------
 
@@ -140,13 +140,10 @@ def check_no_leak(dataset_cls: Callable[[int], Dataset],
 def check_items(dataset_cls: Callable[[int], Dataset], checks: _Checks) -> None:
     for n in (1, 7, 1000):
         case = f"{getattr(dataset_cls, '__name__', dataset_cls)}({n})"
-        try:
+        with yours("dataset", case):
             dataset = dataset_cls(n)
             got_len = len(dataset)
             got = [dataset[i] for i in range(n)]
-        except Exception as e:
-            e.add_note(f"(raised by your dataset, for {case})")
-            raise
         if got_len != n:
             checks.fail(case, f"len() should be {n}, but it is {got_len}")
         for i, value in enumerate(got):
@@ -303,9 +300,11 @@ def check_kwargs(loader_kwargs: Any, checks: _Checks) -> None:
             checks.fail(case, f"loader_kwargs sets {key}, which the exercise fixes",
                         "keep two worker processes: avoiding workers hides the bug instead of fixing it."
                         if key == "num_workers" else "change how workers start, not the data.")
-    if loader_kwargs.get("worker_method") == "thread":
-        print("worker_method='thread' starts no process, so nothing is forked: accepted, though the lesson is "
-              "about processes.")
+    if loader_kwargs.get("worker_method", "multiprocessing") != "multiprocessing":
+        checks.fail(case, f"loader_kwargs sets worker_method={loader_kwargs['worker_method']!r}: no worker process "
+                          "starts, so nothing is forked",
+                    "keep two worker processes: avoiding them hides the bug instead of fixing it; change how they "
+                    "start.")
     try:
         json.dumps(loader_kwargs)
     except TypeError:
@@ -375,6 +374,7 @@ def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
     is a new interpreter that imports torch, a second or more on a laptop, longer than this whole epoch, and the
     sweep would time interpreter starts instead of loading (12 §7 measures those). Windows has only spawn.
     """
+    start = time.perf_counter()
     forks = num_workers > 0 and "fork" in multiprocessing.get_all_start_methods()
     context = "fork" if forks else None  # torch refuses a context without workers
     with warnings.catch_warnings():
@@ -382,15 +382,37 @@ def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
         for _ in DataLoader(dataset or DecodeDataset(), batch_size=4, num_workers=num_workers,
                             multiprocessing_context=context):
             pass
+    if _EPOCHS is not None:  # the checker is clocking your time_epoch: note this epoch on its clock
+        _EPOCHS.append((num_workers, time.perf_counter() - start))
+
+
+_EPOCHS: list[tuple[int, float]] | None = None  # while a check runs your time_epoch: (num_workers, seconds) per epoch
+
+
+class Sweep(dict):
+    """``{num_workers: [seconds per round]}`` from your time_epoch, and where it left the checker's clock."""
+
+    problem = ""
 
 
 def measure_sweep(time_epoch: Callable[[int], float], rounds: int = SWEEP_ROUNDS) -> dict[int, list[float]]:
     """``time_epoch(w)`` for each ``w`` in ``SWEEP``, in ``rounds`` interleaved rounds (the order turns each
     round): ``{num_workers: [seconds per round]}``. The learner's timer, run by the checker."""
-    times: dict[int, list[float]] = {w: [] for w in SWEEP}
+    global _EPOCHS
+    times = Sweep({w: [] for w in SWEEP})
     for r in range(rounds):
         for w in SWEEP[r % len(SWEEP):] + SWEEP[:r % len(SWEEP)]:
-            times[w].append(float(time_epoch(w)))
+            _EPOCHS = []
+            try:
+                got = call(time_epoch, w, what="time_epoch", case=f"time_epoch({w})")
+                epochs = [s for n, s in _EPOCHS if n == w]
+            finally:
+                _EPOCHS = None
+            times[w].append(float(got))
+            if not times.problem and off_the_clock([float(got)], epochs[-1:]) is not None:
+                times.problem = (f"time_epoch({w}) returned {float(got):.3f} s, but " + (
+                    f"the sweep_epoch({w}, ...) it ran took {epochs[-1]:.3f} s on the checker's clock" if epochs else
+                    f"it ran no sweep_epoch({w}, ...)"))
     return times
 
 
@@ -459,6 +481,10 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
                       checks: _Checks | None = None) -> None:
     """The verdict on part 3: your sweep against your timer's rounds in the checker, then your choice against them."""
     checks = checks or _Checks()
+    if getattr(measured, "problem", ""):
+        checks.fail("your time_epoch, run by the checker", measured.problem,
+                    "time the epoch you run: time.perf_counter() just before and just after sweep_epoch(w, dataset), "
+                    "with the w you were given; return the difference.")
     off = [w for w in SWEEP if not agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
     if off:
         w = off[0]
@@ -480,7 +506,8 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
             hint = f"your own sweep says {yours} workers was fastest ({sweep[yours]:.3f} s): choose from your data."
         elif num_workers == max(SWEEP):
             hint = (f"more workers than cores ({core_count()} here) don't help once the cores are busy: each one "
-                    "costs a process start and memory. Choose the knee of the curve.")
+                    "costs a process start and memory. Choose the fastest, or the fewest workers within "
+                    f"{TOLERANCE}x of it.")
         elif num_workers == 0:
             hint = "with no workers, the waiting and the Python work never overlap: workers pay here."
         checks.fail(case, f"{num_workers} workers was {medians[num_workers] / medians[best]:.2f}x slower than "
