@@ -72,6 +72,10 @@ from minidl.worker import (
 #                                                       _process_data(batch, i): _worker_states[i] = the
 #                                                       state that came with the batch handed out
 #
+# A worker whose streams and `ended` are as they were in the last state it sent ships _Unchanged (its id)
+# instead, and the main process takes the state it last received from that worker (_last_sent): a dataset that
+# draws nothing costs a few bytes a batch, not ~14 kB.
+#
 # state_dict() reads _worker_states and never talks to a worker. A worker ships its state with every task
 # only when snapshot_every_n_steps=1 (torchdata's name and default); with n > 1 it ships it with the tasks
 # just before every n-th one, where the loader keeps a snapshot. Between snapshots some workers' states are
@@ -175,6 +179,27 @@ def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
     if state is not None and state.ended:
         fetcher.ended = True
     return fetcher
+
+
+def _raw_streams(rng) -> tuple:
+    """The streams' states as they come, cheap to compare: whether a worker's state changed since it last sent it."""
+    out = []
+    for g in _streams(rng):
+        if isinstance(g, np.random.RandomState):
+            _, key, *rest = g.get_state(legacy=True)
+            out.append((key.tobytes(), *rest))
+        elif isinstance(g, np.random.Generator):
+            out.append(repr(g.bit_generator.state))
+        elif isinstance(g, random.Random):
+            out.append(g.getstate())
+        else:
+            out.append(None if g is None else g.get_state().numpy().tobytes())
+    return tuple(out)
+
+
+# What a worker ships instead of a WorkerState equal to the last one it sent: its id. Most datasets draw
+# nothing, so a worker's streams stay put and each batch carries a few bytes instead of ~14 kB.
+_Unchanged = namedtuple("_Unchanged", "worker_id")
 
 
 def restore_streams(state: WorkerState | None, rng) -> None:
@@ -362,6 +387,7 @@ class _StatefulResultQueue:
     def __init__(self, queue, worker_id: int, layer: _StatefulWorker, create_fetcher) -> None:
         self.queue, self.worker_id, self.layer, self._create_fetcher = queue, worker_id, layer, create_fetcher
         self.resume, self.fetcher, self.replay = layer.resume, None, layer.replay
+        self.last_sent = None  # (ended, _raw_streams) of the last WorkerState sent: an equal one goes as _Unchanged
 
     def create_fetcher(self, kind, dataset, auto_collation, collate_fn, drop_last):
         if self.resume is not None:  # the first fetcher, after worker_init_fn (which may reseed): the saved state wins
@@ -386,12 +412,24 @@ class _StatefulResultQueue:
         info = get_worker_info()
         try:
             if isinstance(idx, _ResumeIteration):
+                self.last_sent = (False, _raw_streams(info.rng)) if not _has_state(info.dataset) else None
                 r = ship(r, "state", (self.worker_id, capture_worker_state(info.rng, info.dataset)))  # no fetcher yet
             elif ended or self.layer.ships_state(idx):  # ended: also when a short last batch used the replica up
-                r = ship(r, "state", capture_worker_state(info.rng, info.dataset, ended, self.fetcher))
+                r = ship(r, "state", self._state(info, ended))
         except Exception:  # the dataset's state_dict() failed: raised in the main process, with this batch
             r = idx, ExceptionWrapper(where=f"in DataLoader worker {self.worker_id}'s dataset.state_dict()")
         self.queue.put(r)
+
+    def _state(self, info, ended: bool):
+        """The worker's state now, or _Unchanged if it equals the last one sent (only streams and ``ended`` to
+        compare: a dataset or iterator with its own state always sends it)."""
+        if any(_has_state(x) for x in (info.dataset, getattr(self.fetcher, "dataset_iter", None))):
+            return capture_worker_state(info.rng, info.dataset, ended, self.fetcher)
+        now = (ended, _raw_streams(info.rng))
+        if now == self.last_sent:
+            return _Unchanged(self.worker_id)
+        self.last_sent = now
+        return capture_worker_state(info.rng, info.dataset, ended, self.fetcher)
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
         return getattr(self.queue, name)
@@ -605,6 +643,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
         resumed = self._resumed if first_iter else None
         if first_iter:  # each worker's state after the last batch the consumer had from it (None: freshly seeded)
             self._worker_states = list(resumed and resumed.workers or [None] * self._num_workers)
+            self._last_sent = [None] * self._num_workers  # the last WorkerState each worker sent (see _Unchanged)
         else:  # a new epoch on persistent workers: its draws start from here; each worker's ack brings its state
             self._generator_states, self._epoch_draws_base_seed = capture_generators(self._generators), False
         self._stale = [False] * self._num_workers  # True: a batch without its state was handed out since
@@ -642,9 +681,13 @@ class _StatefulMultiIter(_StatefulIterMixin):
 
     def _get_data(self):
         r, idx, state = unship(super()._get_data(), "state")
+        if isinstance(state, _Unchanged):  # the same as the last state this worker sent
+            state = self._last_sent[state.worker_id]
+        elif isinstance(state, WorkerState) and isinstance(idx, int) and idx in self._task_info:
+            self._last_sent[self._task_info[idx][0]] = state
         if isinstance(idx, _ResumeIteration):
             if state is not None:  # a persistent worker's state as the new epoch starts
-                self._worker_states[state[0]] = state[1]  # (worker id, its state)
+                self._worker_states[state[0]] = self._last_sent[state[0]] = state[1]  # (worker id, its state)
         elif idx in self._task_info:  # not a stale result of an earlier epoch
             if isinstance(r[1], _IterableDatasetStopIteration):
                 self._ends[r[1].worker_id] = (idx, state)
