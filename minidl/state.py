@@ -325,6 +325,7 @@ def _from_the_start(state: LoaderState, loader) -> LoaderState:
     in_workers = state.worker_batches if not loader.in_order and state.worker_batches is not None else None
     return dataclasses.replace(state, tasks_done=0, num_yielded=state.num_yielded + state.replay if in_workers else 0,
                                replay=0 if in_workers else had, replay_in_workers=in_workers, next_worker=None,
+                               worker_batches=in_workers,  # in order, the replay counts them again
                                done_ahead=[], workers=None if state.workers is None else
                                state.epoch_workers or [None] * state.num_workers,
                                main=state.main and WorkerState(streams=state.main.streams))  # no dataset state
@@ -651,7 +652,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
         self._ends = {}  # worker id -> (task idx of its end, its last state), this epoch
         self._exhausted = False
         # Tasks handed out this epoch (batches and errors), per worker: a replay counts them.
-        self._handed = list(resumed and resumed.replay_in_workers or [0] * self._num_workers)
+        self._handed = list(resumed and resumed.worker_batches or [0] * self._num_workers)
+        self._replay_counted = not (resumed and resumed.worker_batches)  # else its replay is counted already
         super()._reset(loader, first_iter)
         if not first_iter:  # the acks brought each persistent worker's state as this epoch begins
             self._epoch_workers = list(self._worker_states)
@@ -696,7 +698,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
         return r
 
     def _process_data(self, data, worker_id: int):
-        self._handed[worker_id] += 1
+        if self._replay_counted or not self._dropping:
+            self._handed[worker_id] += 1
         self._dropped_an_error = self._dropping and isinstance(data, ExceptionWrapper)
         state = self._pending[worker_id].popleft()  # this worker's batches are handed out in the order it sent them
         self._stale[worker_id] = state is None
