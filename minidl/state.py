@@ -229,7 +229,7 @@ class LoaderState:
     replay: int = 0  # batches to fetch again and drop after resuming (saved between snapshots)
     done_ahead: list[int] = dataclasses.field(default_factory=list)  # in_order=False: batches past tasks_done had
     exhausted: bool = False  # the epoch had ended: after the replay, start the next one
-    worker_batches: list[int] | None = None  # an IterableDataset's, with workers: batches had from each, this epoch
+    worker_batches: list[int] | None = None  # an IterableDataset's, with workers: tasks had from each at the snapshot
     replay_in_workers: list[int] | None = None  # a stateless one out of order: batches each worker fetches and drops
     # An IterableDataset's, with workers: each one's state as the epoch began (None: freshly seeded), from which
     # a stateless one's epoch starts again (persistent workers' later epochs go on from the last one's streams).
@@ -317,7 +317,7 @@ def _from_the_start(state: LoaderState, loader) -> LoaderState:
     the main process drops the first batches of the epoch; out of order, the batches had need not be the first
     ones, so each worker drops the ones the consumer had from it, before its first task."""
     # The tasks had: batches and caught errors (an IterableDataset's end is not handed out).
-    had = sum(state.worker_batches) if state.worker_batches is not None else state.tasks_done + state.replay
+    had = (sum(state.worker_batches) if state.worker_batches is not None else state.tasks_done) + state.replay
     name = type(getattr(loader.dataset, "_datapipe", loader.dataset)).__name__  # a datapipe's, not its wrapper's
     warnings.warn(f"{name} has no state_dict()/load_state_dict() (nor has the iterator iter() returns): the resumed "
                   f"loader starts the epoch again and fetches and drops the {had} batches already had (torchdata's "
@@ -652,8 +652,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
         self._ends = {}  # worker id -> (task idx of its end, its last state), this epoch
         self._exhausted = False
         # Tasks handed out this epoch (batches and errors), per worker: a replay counts them.
-        self._handed = list(resumed and resumed.worker_batches or [0] * self._num_workers)
-        self._replay_counted = not (resumed and resumed.worker_batches)  # else its replay is counted already
+        self._handed = list(resumed and resumed.worker_batches or [0] * self._num_workers)  # at its snapshot
         super()._reset(loader, first_iter)
         if not first_iter:  # the acks brought each persistent worker's state as this epoch begins
             self._epoch_workers = list(self._worker_states)
@@ -661,9 +660,9 @@ class _StatefulMultiIter(_StatefulIterMixin):
             self._epoch_workers = resumed.epoch_workers if resumed.mid_epoch or resumed.num_yielded else resumed.workers
         else:
             self._epoch_workers = None  # freshly seeded
-        start = resumed or _Snapshot(0, 0, None, None, [], 0)  # where this epoch starts: the first snapshot
+        start = resumed or _Snapshot(0, 0, None, None, [], [])  # where this epoch starts: the first snapshot
         self._snapshot = _Snapshot(start.tasks_done, start.num_yielded, list(self._worker_states), start.next_worker,
-                                   list(start.done_ahead), sum(self._handed))
+                                   list(start.done_ahead), list(self._handed))
         self._next_snapshot = (start.tasks_done // self._every + 1) * self._every if self._every else None
 
     def _try_put_index(self) -> None:
@@ -698,8 +697,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
         return r
 
     def _process_data(self, data, worker_id: int):
-        if self._replay_counted or not self._dropping:
-            self._handed[worker_id] += 1
+        self._handed[worker_id] += 1
         self._dropped_an_error = self._dropping and isinstance(data, ExceptionWrapper)
         state = self._pending[worker_id].popleft()  # this worker's batches are handed out in the order it sent them
         self._stale[worker_id] = state is None
@@ -732,7 +730,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
         ahead = set() if self._dataset_kind == _DatasetKind.Iterable else {i for i in self._skip_ahead if i > k} | \
             {i for i in range(k + 1, self._send_idx) if i not in self._task_info}
         return _Snapshot(k, self._num_yielded, workers, self._task_info.get(k, (None,))[0], sorted(ahead),
-                         sum(self._handed))
+                         list(self._handed))
 
     def _state_dict(self, loader) -> LoaderState:
         """Where this epoch stands: now, or at the last snapshot and the batches had since."""
@@ -742,8 +740,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
         at = self._current() or self._snapshot
         iterable = self._dataset_kind == _DatasetKind.Iterable
         return _loader_state(loader, self, tasks_done=at.tasks_done, num_yielded=at.num_yielded, workers=at.workers,
-                             next_worker=at.next_worker, replay=sum(self._handed) - at.handed,
-                             done_ahead=at.done_ahead, worker_batches=list(self._handed) if iterable else None,
+                             next_worker=at.next_worker, replay=sum(self._handed) - sum(at.handed),
+                             done_ahead=at.done_ahead, worker_batches=list(at.handed) if iterable else None,
                              epoch_workers=self._epoch_workers if iterable else None)
 
 
