@@ -103,19 +103,31 @@ def _remove_worker_pids(key: int) -> None:
 
 
 def describe_exit(pid: int, exitcode: int | None) -> str:
-    """'pid 123 (exit code -9, killed by SIGKILL)': how a worker process ended (negative: a signal)."""
+    """How a worker process ended, in torch's words (its C++ ``_error_if_any_worker_fails``): a signal (negative
+    exit code) or an exit code; one that ended without either gets the words torch's status check uses."""
     if exitcode is not None and exitcode < 0:
         try:
-            return f"pid {pid} (exit code {exitcode}, killed by {signal.Signals(-exitcode).name})"
+            name = signal.strsignal(-exitcode) or signal.Signals(-exitcode).name
         except ValueError:
-            pass
-    return f"pid {pid} (exit code {exitcode})"
+            name = f"Unknown signal {-exitcode}"
+        words = f"DataLoader worker (pid {pid}) is killed by signal: {name}. "
+        if -exitcode == getattr(signal, "SIGBUS", None):
+            words += ("It is possible that dataloader's workers are out of shared memory. Please try to raise your "
+                      "shared memory limit.")
+        return words
+    if exitcode:
+        return (f"DataLoader worker (pid {pid}) exited unexpectedly with exit code {exitcode}. Details are lost due "
+                "to multiprocessing. Rerunning with num_workers=0 may give better error trace.")
+    return f"DataLoader worker (pid(s) {pid}) exited unexpectedly"
 
 
 def worker_failure_message(ended: list[tuple[int, int]]) -> str:
-    """The one message for dead workers, given (pid, exit code) pairs; torch's prefix, then how each ended."""
-    pids = ", ".join(str(pid) for pid, _ in ended)
-    return f"DataLoader worker (pid(s) {pids}) exited unexpectedly: " + ", ".join(describe_exit(*e) for e in ended)
+    """The one message for dead workers, given (pid, exit code) pairs: torch's sentence for each (torch names only
+    the first it finds; minidl names every one), separated by a space."""
+    text = ""
+    for words in (describe_exit(*e) for e in ended):
+        text += words if not text or text.endswith(" ") else " " + words
+    return text
 
 
 def _exit_code(pid: int) -> int | None:

@@ -4,6 +4,20 @@ PyTorch's DataLoader has no ``state_dict``; torchdata's ``StatefulDataLoader`` a
 follows its contracts (``snapshot_every_n_steps``, a JSON-safe state). It plugs in as tracing does:
 ``DataLoader._get_iterator`` puts this module's iterator subclasses on top of the loader's own, and each
 worker gets its side through ``_WorkerOptions``. With ``stateful=False`` none of this runs.
+
+What it promises. A loader built like the one that saved the state, given ``load_state_dict(state)``,
+hands out exactly the batches the uninterrupted loader would have handed out after the save, in the same
+order, with each worker's random streams where they stood. That holds mid-epoch and between epochs, after
+a second or third resume, after errors the training loop caught and went on from (a caught error is
+never fetched again), and when the resumed ``iter()`` itself fails: the loader keeps the state until an
+iterator has started from it, so ``iter()`` can simply be tried again. With ``in_order=False`` the
+batches come in whatever order the workers finish them, but across the save each batch comes exactly
+once. Persistent workers keep one ``base_seed`` for all their epochs, and a resumed persistent loader
+keeps it too; a state saved by a persistent loader also loads into a non-persistent one. An
+``IterableDataset`` without ``state_dict()``/``load_state_dict()`` (both, as torchdata's ``Stateful``)
+can't be put back where it stood: its epoch starts again with the same seeds and the batches already had
+are fetched and dropped, with a warning that says so (out of order, each worker drops the batches the
+consumer had from it). The state is a dict of plain JSON-safe values, checked against the loader on load.
 """
 
 from __future__ import annotations
@@ -26,7 +40,14 @@ import numpy as np
 from minidl import _random
 from minidl._utils import ExceptionWrapper
 from minidl.fetch import _DatasetKind
-from minidl.worker import _IterableDatasetStopIteration, _ResumeIteration, get_worker_info, ship, unship
+from minidl.worker import (
+    _is_iter_datapipe,
+    _IterableDatasetStopIteration,
+    _ResumeIteration,
+    get_worker_info,
+    ship,
+    unship,
+)
 
 # NOTE [ Resuming mid-epoch ]
 #
@@ -51,17 +72,24 @@ from minidl.worker import _IterableDatasetStopIteration, _ResumeIteration, get_w
 #                                                       _process_data(batch, i): _worker_states[i] = the
 #                                                       state that came with the batch handed out
 #
+# A worker whose streams and `ended` are as they were in the last state it sent ships _Unchanged (its id)
+# instead, and the main process takes the state it last received from that worker (_last_sent): a dataset that
+# draws nothing costs a few bytes a batch, not ~14 kB.
+#
 # state_dict() reads _worker_states and never talks to a worker. A worker ships its state with every task
 # only when snapshot_every_n_steps=1 (torchdata's name and default); with n > 1 it ships it with the tasks
 # just before every n-th one, where the loader keeps a snapshot. Between snapshots some workers' states are
-# behind (`stale`): state_dict() then saves the last snapshot and how many batches followed it, and the
-# resumed loader fetches those again and drops them (`replay`), as torchdata does. Out of order, which
-# batches a replay drops is down to timing, so there every batch carries its worker's state (n = 1).
+# behind (`stale`): state_dict() then saves the last snapshot and how many tasks were handed out since
+# (batches, and errors the consumer caught), and the resumed loader fetches those again and drops them
+# (`replay`), errors included, as torchdata does. Out of order, which batches a replay drops is down to
+# timing, so there every batch carries its worker's state (n = 1); a stateless IterableDataset, which has no
+# state to carry, is replayed per worker instead (`replay_in_workers`: each drops what the consumer had from it).
 #
 # load_state_dict() -> the next iterator: replays the draws (1), skips and dispatches on (2) at its first
 # _try_put_index, and gives worker i its saved WorkerState, restored after worker_init_fn (which may reseed)
 # when the worker makes its first fetcher. A worker whose replica had run out gets a fetcher that has ended.
-# With num_workers=0 the main process's own streams and dataset are the one WorkerState (LoaderState.main).
+# With num_workers=0 the main process's own streams and dataset are the one WorkerState (LoaderState.main),
+# and tasks_done counts the index batches drawn, so a batch whose fetch raised is not fetched again.
 
 STATE_VERSION = 5
 
@@ -129,10 +157,15 @@ def capture_worker_state(rng, dataset: Any, ended: bool = False, fetcher=None) -
     """Save the streams a worker's dataset may draw from, and the states of the dataset and of its iterator if
     they have one (copied: a dataset may hand out its live dict)."""
     it = getattr(fetcher, "dataset_iter", None)
-    states = [copy.deepcopy(x.state_dict()) if hasattr(x, "state_dict") else None for x in (dataset, it)]
+    states = [copy.deepcopy(x.state_dict()) if _has_state(x) else None for x in (dataset, it)]
     if it is dataset:  # its own iterator: its state goes back after iter(dataset), which may reset it
         states[0] = None
     return WorkerState(ended, [None if g is None else rng_state(g) for g in _streams(rng)], *states)
+
+
+def _has_state(x) -> bool:
+    """Saved and restored only with both methods (torchdata's ``Stateful``): else it is resumed as stateless."""
+    return hasattr(x, "state_dict") and hasattr(x, "load_state_dict")
 
 
 def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
@@ -146,6 +179,27 @@ def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
     if state is not None and state.ended:
         fetcher.ended = True
     return fetcher
+
+
+def _raw_streams(rng) -> tuple:
+    """The streams' states as they come, cheap to compare: whether a worker's state changed since it last sent it."""
+    out = []
+    for g in _streams(rng):
+        if isinstance(g, np.random.RandomState):
+            _, key, *rest = g.get_state(legacy=True)
+            out.append((key.tobytes(), *rest))
+        elif isinstance(g, np.random.Generator):
+            out.append(repr(g.bit_generator.state))
+        elif isinstance(g, random.Random):
+            out.append(g.getstate())
+        else:
+            out.append(None if g is None else g.get_state().numpy().tobytes())
+    return tuple(out)
+
+
+# What a worker ships instead of a WorkerState equal to the last one it sent: its id. Most datasets draw
+# nothing, so a worker's streams stay put and each batch carries a few bytes instead of ~14 kB.
+_Unchanged = namedtuple("_Unchanged", "worker_id")
 
 
 def restore_streams(state: WorkerState | None, rng) -> None:
@@ -175,6 +229,11 @@ class LoaderState:
     replay: int = 0  # batches to fetch again and drop after resuming (saved between snapshots)
     done_ahead: list[int] = dataclasses.field(default_factory=list)  # in_order=False: batches past tasks_done had
     exhausted: bool = False  # the epoch had ended: after the replay, start the next one
+    worker_batches: list[int] | None = None  # an IterableDataset's, with workers: tasks had from each at the snapshot
+    replay_in_workers: list[int] | None = None  # a stateless one out of order: batches each worker fetches and drops
+    # An IterableDataset's, with workers: each one's state as the epoch began (None: freshly seeded), from which
+    # a stateless one's epoch starts again (persistent workers' later epochs go on from the last one's streams).
+    epoch_workers: list[WorkerState | None] | None = None
     version: int = STATE_VERSION
 
     @property
@@ -200,7 +259,9 @@ class LoaderState:
             raise ValueError(f"state_dict has unknown key(s) {unknown}: was it saved by DataLoader.state_dict()?")
         new = cls(**state)
         try:
-            new.workers = None if new.workers is None else [w and WorkerState(**w) for w in new.workers]
+            for key in ("workers", "epoch_workers"):
+                saved = getattr(new, key)
+                setattr(new, key, None if saved is None else [w and WorkerState(**w) for w in saved])
             new.main = new.main and WorkerState(**new.main)
         except TypeError:
             raise ValueError("state_dict keys 'workers' and 'main' hold what DataLoader.state_dict() saved") from None
@@ -235,23 +296,56 @@ class LoaderState:
                              f"{new.num_yielded}, replay={new.replay}, for an epoch of {length} batches")
         if new.workers is not None and len(new.workers) != new.num_workers:
             raise ValueError(f"state_dict key 'workers' has {len(new.workers)} entries for {new.num_workers} workers")
+        for key in ("worker_batches", "replay_in_workers"):
+            counts = getattr(new, key)
+            if counts is not None and (not isinstance(counts, list) or len(counts) != new.num_workers
+                                       or not all(isinstance(c, int) and c >= 0 for c in counts)):
+                raise ValueError(f"state_dict key {key!r} should hold a count for each of the {new.num_workers} "
+                                 f"workers, but it is {counts!r}")
         if new.next_worker is not None and not 0 <= new.next_worker < max(new.num_workers, 1):
             raise ValueError(f"state_dict key 'next_worker' is {new.next_worker}, out of range for "
                              f"{new.num_workers} workers")
         iterators_saved = any(w is not None and w.iterator is not None for w in [*(new.workers or ()), new.main])
-        if iterable and new.tasks_done > 0 and not hasattr(loader.dataset, "load_state_dict") and not iterators_saved:
-            return _from_the_start(new, type(loader.dataset).__name__)
+        had = new.mid_epoch or new.num_yielded > 0  # out of order, tasks_done may be 0 after batches were had
+        if iterable and had and not _has_state(loader.dataset) and not iterators_saved:
+            return _from_the_start(new, loader)
         return new
 
 
-def _from_the_start(state: LoaderState, name: str) -> LoaderState:
-    """A stateless IterableDataset mid-epoch: start the epoch again (same seeds) and drop what was had."""
-    had = state.num_yielded + state.replay
+def _from_the_start(state: LoaderState, loader) -> LoaderState:
+    """A stateless IterableDataset mid-epoch: start the epoch again (same seeds) and drop what was had. In order
+    the main process drops the first batches of the epoch; out of order, the batches had need not be the first
+    ones, so each worker drops the ones the consumer had from it, before its first task."""
+    # The tasks had: batches and caught errors (an IterableDataset's end is not handed out).
+    had = (sum(state.worker_batches) if state.worker_batches is not None else state.tasks_done) + state.replay
+    name = type(getattr(loader.dataset, "_datapipe", loader.dataset)).__name__  # a datapipe's, not its wrapper's
     warnings.warn(f"{name} has no state_dict()/load_state_dict() (nor has the iterator iter() returns): the resumed "
                   f"loader starts the epoch again and fetches and drops the {had} batches already had (torchdata's "
                   "fast-forward); give it both to resume without fetching them twice", stacklevel=5)
-    return dataclasses.replace(state, tasks_done=0, num_yielded=0, replay=had, next_worker=None, done_ahead=[],
-                               workers=None if state.workers is None else [None] * state.num_workers, main=None)
+    in_workers = state.worker_batches if not loader.in_order and state.worker_batches is not None else None
+    return dataclasses.replace(state, tasks_done=0, num_yielded=state.num_yielded + state.replay if in_workers else 0,
+                               replay=0 if in_workers else had, replay_in_workers=in_workers, next_worker=None,
+                               worker_batches=in_workers,  # in order, the replay counts them again
+                               done_ahead=[], workers=None if state.workers is None else
+                               state.epoch_workers or [None] * state.num_workers,
+                               main=state.main and WorkerState(streams=state.main.streams))  # no dataset state
+
+
+def _after_the_epoch(loader, state: LoaderState) -> LoaderState:
+    """A state saved between epochs at a snapshot (``exhausted``), loaded into a loader without persistent workers:
+    the next epoch's workers start afresh, so only the ended epoch's draws matter. Make them again, fetching
+    nothing, and start the next epoch from there."""
+    generators = generators_of(loader)
+    with replaying(generators, state.generators, mid_epoch=True):
+        if _is_iter_datapipe(loader.dataset):  # the draws in the order an iterator makes them: the shared seed,
+            _random.draw_seed(loader.generator)
+        sampler_iter = iter(loader._index_sampler)
+        if state.draws_base_seed:  # base_seed,
+            _random.draw_seed(loader.generator)
+        if loader._dataset_kind == _DatasetKind.Map:  # and the sampler's, to its end
+            deque(sampler_iter, maxlen=0)
+        after = capture_generators(generators)
+    return _loader_state(loader, None, tasks_done=0, generators=after)
 
 
 def _len_or_none(obj) -> int | None:
@@ -272,6 +366,8 @@ class _StatefulWorker:
     num_workers: int
     epoch_len: int | None  # tasks in an epoch, where the sampler knows: the last ones always ship their state
     resume: WorkerState | None = None  # restored when the worker makes its first fetcher
+    replay: int = 0  # batches its first fetcher fetches and drops (a stateless IterableDataset out of order)
+    index: Any = None  # what a task of an IterableDataset asks for: batch_size Nones, or None
 
     def __call__(self, worker_id: int, index_queue, data_queue, create_fetcher):
         result_queue = _StatefulResultQueue(data_queue, worker_id, self, create_fetcher)
@@ -291,7 +387,8 @@ class _StatefulResultQueue:
 
     def __init__(self, queue, worker_id: int, layer: _StatefulWorker, create_fetcher) -> None:
         self.queue, self.worker_id, self.layer, self._create_fetcher = queue, worker_id, layer, create_fetcher
-        self.resume, self.fetcher = layer.resume, None
+        self.resume, self.fetcher, self.replay = layer.resume, None, layer.replay
+        self.last_sent = None  # (ended, _raw_streams) of the last WorkerState sent: an equal one goes as _Unchanged
 
     def create_fetcher(self, kind, dataset, auto_collation, collate_fn, drop_last):
         if self.resume is not None:  # the first fetcher, after worker_init_fn (which may reseed): the saved state wins
@@ -299,6 +396,15 @@ class _StatefulResultQueue:
         self.fetcher = resumed_fetcher(self.resume, dataset, lambda: self._create_fetcher(
             kind, dataset, auto_collation, collate_fn, drop_last))
         self.resume = None
+        for _ in range(self.replay):  # the batches the consumer had from this worker, fetched again and dropped
+            try:
+                self.fetcher.fetch(self.layer.index)
+            except StopIteration:
+                self.fetcher.ended = True
+                break
+            except Exception:  # the consumer had this error, and caught it
+                pass
+        self.replay = 0
         return self.fetcher
 
     def put(self, r) -> None:
@@ -307,12 +413,24 @@ class _StatefulResultQueue:
         info = get_worker_info()
         try:
             if isinstance(idx, _ResumeIteration):
+                self.last_sent = (False, _raw_streams(info.rng)) if not _has_state(info.dataset) else None
                 r = ship(r, "state", (self.worker_id, capture_worker_state(info.rng, info.dataset)))  # no fetcher yet
             elif ended or self.layer.ships_state(idx):  # ended: also when a short last batch used the replica up
-                r = ship(r, "state", capture_worker_state(info.rng, info.dataset, ended, self.fetcher))
+                r = ship(r, "state", self._state(info, ended))
         except Exception:  # the dataset's state_dict() failed: raised in the main process, with this batch
             r = idx, ExceptionWrapper(where=f"in DataLoader worker {self.worker_id}'s dataset.state_dict()")
         self.queue.put(r)
+
+    def _state(self, info, ended: bool):
+        """The worker's state now, or _Unchanged if it equals the last one sent (only streams and ``ended`` to
+        compare: a dataset or iterator with its own state always sends it)."""
+        if any(_has_state(x) for x in (info.dataset, getattr(self.fetcher, "dataset_iter", None))):
+            return capture_worker_state(info.rng, info.dataset, ended, self.fetcher)
+        now = (ended, _raw_streams(info.rng))
+        if now == self.last_sent:
+            return _Unchanged(self.worker_id)
+        self.last_sent = now
+        return capture_worker_state(info.rng, info.dataset, ended, self.fetcher)
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
         return getattr(self.queue, name)
@@ -382,15 +500,21 @@ class _StatefulIterMixin:
     """What both stateful iterators share: the epoch's opening draws recorded or replayed, its end noticed."""
 
     def _take_resume_state(self, loader) -> LoaderState | None:
-        """Before the iterator starts: the state load_state_dict() left (None: a fresh epoch)."""
-        self._resumed, loader._resume_state = loader._resume_state, None
+        """Before the iterator starts: the state load_state_dict() left (None: a fresh epoch). The loader keeps it
+        until the iterator has started (``_started``): if this iter() fails, the next one resumes from it again."""
+        self._resumed = loader._resume_state
         self._generators = generators_of(loader)
         # The generators' states before this epoch's first draw: saved as they are, or the saved ones to replay.
         self._generator_states = self._resumed.generators if self._resumed else capture_generators(self._generators)
-        self._epoch_draws_base_seed = True  # persistent workers' later epochs reuse the first base_seed
+        # Persistent workers' later epochs reuse the first base_seed; so does an epoch resumed from one of them.
+        self._epoch_draws_base_seed = self._resumed.draws_base_seed if self._resumed else True
         self._exhausted = False  # state_dict() after the end of an epoch saves the start of the next
-        loader._last_iterator = self  # a strong reference, as torchdata's: state_dict() after a `break` needs it
         return self._resumed
+
+    def _started(self, loader) -> None:
+        """The iterator stands where the loaded state said: the loader's state_dict() asks it from now on."""
+        loader._resume_state = None
+        loader._last_iterator = self  # a strong reference, as torchdata's: state_dict() after a `break` needs it
 
     def _draw_base_seed(self, loader) -> int:
         resumed = self._resumed
@@ -408,10 +532,30 @@ class _StatefulIterMixin:
             self._sampler_iter = iter(()) if first is _END else itertools.chain([first], self._sampler_iter)
 
     def _replay(self, resumed: LoaderState) -> None:
-        """Fetch again, and drop, the batches had after the snapshot the state was saved from."""
+        """Fetch again, and drop, the batches had after the snapshot the state was saved from. ``replay`` counts
+        tasks: an error the consumer caught is one too, and is dropped here as the batches are. What a traced
+        loader records of the hand-overs is dropped with them: the consumer never had these batches."""
         self._num_yielded = resumed.num_yielded
-        for _ in itertools.islice(self, resumed.replay):
-            pass
+        trace = getattr(self, "_trace", None)
+        recorded = len(trace.raw) if trace is not None else 0
+        self._dropping = True
+        try:
+            for _ in range(resumed.replay):
+                try:
+                    next(self)
+                except StopIteration:
+                    break
+                except Exception:  # the dataset's error (any, with no workers), had and caught by the consumer
+                    if not (self._dropped_an_error or self._num_workers == 0):
+                        raise  # a worker died: the iterator can't go on
+        finally:
+            self._dropping = False
+        if trace is not None:
+            trace.raw[recorded:] = [e for e in trace.raw[recorded:] if e[0] not in ("wait", "yield", "consumer")]
+            self._last_yield = None
+
+    _dropping = False  # replaying: the batches handed out are dropped
+    _dropped_an_error = False  # with workers, the last task handed out while replaying was the dataset's error
 
     def __next__(self):
         try:
@@ -441,7 +585,17 @@ class _StatefulSingleIter(_StatefulIterMixin):
             restore_streams(resumed.main, None)  # after the replay, which sets the global generator back
             if mid_epoch:  # ...or after them
                 _load_map_dataset(loader, resumed)
+        self._tasks_drawn = resumed.tasks_done if resumed is not None else 0  # index batches drawn, errors too
+        if resumed is not None:
             self._replay(resumed)
+            if resumed.replay:  # a stateless IterableDataset's replay drew from the streams: put them where they stood
+                restore_streams(resumed.main, None)
+        self._started(loader)
+
+    def _next_index(self):
+        index = super()._next_index()
+        self._tasks_drawn += 1  # a batch whose fetch raised is had too: a caught error is not fetched again
+        return index
 
     def _create_fetcher(self):  # an iterable dataset's state goes back before iter(dataset) reads it
         main = self._resumed and self._resumed.main if self._dataset_kind == _DatasetKind.Iterable else None
@@ -450,7 +604,7 @@ class _StatefulSingleIter(_StatefulIterMixin):
     def _state_dict(self, loader) -> LoaderState:
         fetcher = self._dataset_fetcher
         main = capture_worker_state(None, self._dataset, getattr(fetcher, "ended", False), fetcher)
-        return _loader_state(loader, self, tasks_done=self._num_yielded, main=main)
+        return _loader_state(loader, self, tasks_done=self._tasks_drawn, main=main)
 
 
 class _StatefulMultiIter(_StatefulIterMixin):
@@ -466,33 +620,49 @@ class _StatefulMultiIter(_StatefulIterMixin):
         with replaying(self._generators, self._generator_states, mid_epoch) if resumed else nullcontext():
             super().__init__(loader)  # starts the workers and sends the first tasks
         if resumed is not None:
-            self._replay(resumed)
-            self._snapshot = self._current() or self._snapshot
-            if resumed.exhausted:  # saved between epochs at a snapshot: finish that epoch, then start the next
-                deque(self, maxlen=0)  # runs the iterator to its end
-                self._reset(loader)
+            try:
+                self._replay(resumed)
+                self._snapshot = self._current() or self._snapshot
+                if resumed.exhausted:  # saved between epochs at a snapshot: finish that epoch, then start the next
+                    deque(self, maxlen=0)  # runs the iterator to its end
+                    self._reset(loader)
+            except BaseException:  # the loader keeps the loaded state: iter() can be tried again
+                self._shutdown_workers()
+                raise
+        self._started(loader)
 
     def _worker_options(self, worker_id: int):
         options = super()._worker_options(worker_id)
         resume = self._resumed.workers[worker_id] if self._resumed is not None and self._resumed.workers else None
         epoch_len = _len_or_none(self._index_sampler) if self._dataset_kind == _DatasetKind.Map else None
-        layer = _StatefulWorker(self._every, self._num_workers, epoch_len, resume)
+        replay = self._resumed and self._resumed.replay_in_workers  # an IterableDataset's: a BatchSampler or none
+        replay = replay and (replay[worker_id], self._auto_collation and [None] * self._index_sampler.batch_size)
+        layer = _StatefulWorker(self._every, self._num_workers, epoch_len, resume, *(replay or ()))
         return dataclasses.replace(options, layers=(*options.layers, layer))
 
     def _reset(self, loader, first_iter: bool = False) -> None:
         resumed = self._resumed if first_iter else None
         if first_iter:  # each worker's state after the last batch the consumer had from it (None: freshly seeded)
             self._worker_states = list(resumed and resumed.workers or [None] * self._num_workers)
+            self._last_sent = [None] * self._num_workers  # the last WorkerState each worker sent (see _Unchanged)
         else:  # a new epoch on persistent workers: its draws start from here; each worker's ack brings its state
             self._generator_states, self._epoch_draws_base_seed = capture_generators(self._generators), False
         self._stale = [False] * self._num_workers  # True: a batch without its state was handed out since
         self._pending = [deque() for _ in range(self._num_workers)]  # states of batches received, not handed out
         self._ends = {}  # worker id -> (task idx of its end, its last state), this epoch
         self._exhausted = False
+        # Tasks handed out this epoch (batches and errors), per worker: a replay counts them.
+        self._handed = list(resumed and resumed.worker_batches or [0] * self._num_workers)  # at its snapshot
         super()._reset(loader, first_iter)
-        start = resumed or _Snapshot(0, 0, None, None, [])  # where this epoch starts: the first snapshot
+        if not first_iter:  # the acks brought each persistent worker's state as this epoch begins
+            self._epoch_workers = list(self._worker_states)
+        elif resumed is not None:  # saved mid-epoch: its own; between epochs: the states it resumes the workers with
+            self._epoch_workers = resumed.epoch_workers if resumed.mid_epoch or resumed.num_yielded else resumed.workers
+        else:
+            self._epoch_workers = None  # freshly seeded
+        start = resumed or _Snapshot(0, 0, None, None, [], [])  # where this epoch starts: the first snapshot
         self._snapshot = _Snapshot(start.tasks_done, start.num_yielded, list(self._worker_states), start.next_worker,
-                                   list(start.done_ahead))
+                                   list(start.done_ahead), list(self._handed))
         self._next_snapshot = (start.tasks_done // self._every + 1) * self._every if self._every else None
 
     def _try_put_index(self) -> None:
@@ -512,9 +682,13 @@ class _StatefulMultiIter(_StatefulIterMixin):
 
     def _get_data(self):
         r, idx, state = unship(super()._get_data(), "state")
+        if isinstance(state, _Unchanged):  # the same as the last state this worker sent
+            state = self._last_sent[state.worker_id]
+        elif isinstance(state, WorkerState) and isinstance(idx, int) and idx in self._task_info:
+            self._last_sent[self._task_info[idx][0]] = state
         if isinstance(idx, _ResumeIteration):
             if state is not None:  # a persistent worker's state as the new epoch starts
-                self._worker_states[state[0]] = state[1]  # (worker id, its state)
+                self._worker_states[state[0]] = self._last_sent[state[0]] = state[1]  # (worker id, its state)
         elif idx in self._task_info:  # not a stale result of an earlier epoch
             if isinstance(r[1], _IterableDatasetStopIteration):
                 self._ends[r[1].worker_id] = (idx, state)
@@ -523,6 +697,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
         return r
 
     def _process_data(self, data, worker_id: int):
+        self._handed[worker_id] += 1
+        self._dropped_an_error = self._dropping and isinstance(data, ExceptionWrapper)
         state = self._pending[worker_id].popleft()  # this worker's batches are handed out in the order it sent them
         self._stale[worker_id] = state is None
         if state is not None:
@@ -553,7 +729,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
         # Out of order, tasks after k may have been had already (an IterableDataset's tasks name no sample).
         ahead = set() if self._dataset_kind == _DatasetKind.Iterable else {i for i in self._skip_ahead if i > k} | \
             {i for i in range(k + 1, self._send_idx) if i not in self._task_info}
-        return _Snapshot(k, self._num_yielded, workers, self._task_info.get(k, (None,))[0], sorted(ahead))
+        return _Snapshot(k, self._num_yielded, workers, self._task_info.get(k, (None,))[0], sorted(ahead),
+                         list(self._handed))
 
     def _state_dict(self, loader) -> LoaderState:
         """Where this epoch stands: now, or at the last snapshot and the batches had since."""
@@ -561,13 +738,15 @@ class _StatefulMultiIter(_StatefulIterMixin):
             raise ValueError("state_dict() can't save an IterableDataset shared by thread workers: their "
                              "replicas are one object; use worker_method='multiprocessing'")
         at = self._current() or self._snapshot
+        iterable = self._dataset_kind == _DatasetKind.Iterable
         return _loader_state(loader, self, tasks_done=at.tasks_done, num_yielded=at.num_yielded, workers=at.workers,
-                             next_worker=at.next_worker, replay=self._num_yielded - at.num_yielded,
-                             done_ahead=at.done_ahead)
+                             next_worker=at.next_worker, replay=sum(self._handed) - sum(at.handed),
+                             done_ahead=at.done_ahead, worker_batches=list(at.handed) if iterable else None,
+                             epoch_workers=self._epoch_workers if iterable else None)
 
 
 # A point of the epoch where every worker's state is known.
-_Snapshot = namedtuple("_Snapshot", "tasks_done num_yielded workers next_worker done_ahead")
+_Snapshot = namedtuple("_Snapshot", "tasks_done num_yielded workers next_worker done_ahead handed")
 
 
 # --- DataLoader.state_dict() and load_state_dict() ----------------------------------------------------
@@ -590,6 +769,8 @@ def load_loader_state(loader, state: dict) -> None:
         raise RuntimeError("load_state_dict() needs DataLoader(..., stateful=True): the stateful iterator is the "
                            "one that resumes")
     resume = LoaderState.from_dict(state, loader)  # ValueError, naming the key, if it doesn't fit
+    if resume.exhausted and not loader.persistent_workers:
+        resume = _after_the_epoch(loader, resume)
     if loader._iterator is not None:  # persistent workers of an older epoch: start afresh
         loader._iterator._shutdown_workers()
     loader._iterator = loader._last_iterator = None

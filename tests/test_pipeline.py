@@ -342,5 +342,5 @@ def test_pool_loader_times_out_when_a_worker_dies_where_the_dataloader_raises():
 
     with pytest.raises(multiprocessing.TimeoutError):  # the Pool starts a new worker, but the batch is lost
         list(P.pool_loader(ExitsAt(4, 1), P.batches_of(range(4), 1), 2, collate_fn=list, timeout=3))
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) \d+\) exited unexpectedly"):
+    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid \d+\) exited unexpectedly with exit code 3\."):
         list(minidl.DataLoader(ExitsAt(4, 1), num_workers=2, collate_fn=list))

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
 import pickle
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -355,3 +359,184 @@ def test_resume_and_tracing_compose(worker_method, num_workers):
     events = resumed.trace.events
     assert sorted(e["batch"] for e in events if e["event"] == "yield") == [3, 4, 5, 6]
     assert {e["batch"] for e in events if e["event"] == "fetch"} == {3, 4, 5, 6}
+
+
+# --- the randomized sweep: resumed against uninterrupted over the loader's settings (issue 34) --------------
+# Each example draws a loader (dataset kind, workers, sampler, snapshot_every_n_steps, ...), runs it for
+# EPOCHS epochs uninterrupted, then again with one or two checkpoints at random points, each resumed by a fresh
+# loader (a second resume, a resume in a later epoch with persistent workers), with errors the loop catches,
+# and with a resume that fails and is tried again. MINIDL_RESUME_EXAMPLES sets how many (CI keeps it small).
+
+EPOCHS = 2
+SWEEP_EXAMPLES = int(os.environ.get("MINIDL_RESUME_EXAMPLES", "12"))
+
+
+class SweepItems(minidl.Dataset):
+    """``(index, a draw from the worker's NumPy stream)``; KeyError at ``bad``; a process worker exits while
+    ``gate`` is set (a transient failure)."""
+
+    def __init__(self, n: int, bad: int | None = None, gate=None) -> None:
+        self.n, self.bad, self.gate = n, bad, gate
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int):
+        if self.gate is not None and self.gate.is_set() and multiprocessing.parent_process() is not None:
+            os._exit(3)
+        if index == self.bad:
+            raise KeyError(f"bad sample {index}")
+        info = minidl.get_worker_info()
+        rng = info.rng.numpy_generator if info is not None and info.rng is not None else np.random
+        return index, float(rng.random())
+
+
+class SweepStream(minidl.IterableDataset):
+    """``(item, a draw from NumPy's stream)``, sharded round-robin by worker, with no state_dict(); a process
+    worker exits while ``gate`` is set."""
+
+    def __init__(self, n: int, gate=None) -> None:
+        self.n, self.gate = n, gate
+
+    def __iter__(self):
+        info = minidl.get_worker_info()
+        workers, worker_id = (1, 0) if info is None else (info.num_workers, info.id)
+        for item in range(worker_id, self.n, workers):
+            if self.gate is not None and self.gate.is_set() and multiprocessing.parent_process() is not None:
+                os._exit(3)
+            yield item, float(np.random.rand())
+
+
+def _plain(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch.tolist()
+    if isinstance(batch, list | tuple):
+        return [_plain(b) for b in batch]
+    return batch
+
+
+@st.composite
+def sweep_configs(draw):
+    kind = draw(st.sampled_from(["map", "map", "stream", "stateless stream"]))
+    workers = draw(st.integers(0, 3))
+    method = "multiprocessing" if kind != "map" or workers == 0 else draw(st.sampled_from(["multiprocessing",
+                                                                                          "thread"]))
+    config = dict(kind=kind, n=draw(st.integers(4, 13)), batch_size=draw(st.sampled_from([None, 1, 2, 3])),
+                  num_workers=workers, worker_method=method,
+                  persistent_workers=workers > 0 and draw(st.booleans()),
+                  in_order=workers == 0 or draw(st.booleans()),
+                  snapshot_every_n_steps=draw(st.sampled_from([None, 0, 1, 1, 2, 3, 5])),
+                  shuffle=kind == "map" and draw(st.sampled_from(["no", "generator", "global"])) or "no",
+                  bad=None, fail_resume=workers > 0 and method == "multiprocessing" and draw(st.booleans()))
+    config["drop_last"] = config["batch_size"] is not None and draw(st.booleans())
+    if kind == "map" and draw(st.booleans()):
+        config["bad"] = draw(st.integers(0, config["n"] - 1))
+    config["cuts"] = sorted(set(draw(st.lists(st.integers(0, 2 * config["n"] + 2), min_size=1, max_size=2))))
+    return config
+
+
+def _sweep_loader(config: dict, gate):
+    kind, n = config["kind"], config["n"]
+    gate = gate if config["fail_resume"] else None
+    dataset = SweepItems(n, config["bad"], gate) if kind == "map" else \
+        toy.ResumableStream(n) if kind == "stream" else SweepStream(n, gate)
+    shuffle = config["shuffle"]
+    return minidl.DataLoader(dataset, batch_size=config["batch_size"], drop_last=config["drop_last"],
+                             shuffle=shuffle != "no" or None if kind == "map" else None,
+                             generator=torch.Generator().manual_seed(3) if shuffle == "generator" else None,
+                             num_workers=config["num_workers"], worker_method=config["worker_method"],
+                             persistent_workers=config["persistent_workers"], in_order=config["in_order"],
+                             snapshot_every_n_steps=config["snapshot_every_n_steps"], stateful=True)
+
+
+def _sweep_run(config: dict, cuts: list[int], gate) -> list[list]:
+    """EPOCHS epochs of (plain) batches, a caught error as "KeyError"; at each position in ``cuts`` (batches had
+    so far, over all epochs) the loader is checkpointed, dropped and a fresh one resumes from the checkpoint."""
+    seed_everything(0)
+    loader, epochs, position, cuts = _sweep_loader(config, gate), [], 0, list(cuts)
+    for _ in range(EPOCHS):
+        got, it = [], None
+        while True:
+            if cuts and cuts[0] == position:
+                cuts.pop(0)
+                state = json.loads(json.dumps(loader.state_dict()))  # a checkpoint survives a file
+                rng = random.getstate(), np.random.get_state(), torch.get_rng_state()  # the loop's own checkpoint
+                it = loader = None
+                seed_everything(1000 + position)  # another process; the loop restores its RNG beside the loader's
+                random.setstate(rng[0])
+                np.random.set_state(rng[1])
+                torch.set_rng_state(rng[2])
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", message=".*has no state_dict", category=UserWarning)
+                    loader = _sweep_loader(config, gate)
+                    loader.load_state_dict(state)
+                if config["fail_resume"] and gate is not None:
+                    it, got_first = _resume_fails_then_retry(loader, state, gate)
+                    if got_first is not None:
+                        got.append(got_first)
+                        position += 1
+                        continue
+            if it is None:
+                it = iter(loader)
+            try:
+                got.append(_plain(next(it)))
+            except StopIteration:
+                break
+            except KeyError:
+                got.append("KeyError")
+            position += 1
+        epochs.append(got)
+    it = loader = None
+    return epochs
+
+
+def _resume_fails_then_retry(loader, state, gate):
+    """The resumed loader's workers die (in iter() or at the first batch): try again, as a training script would:
+    iter() again if iter() failed (the loader kept the state), else load the checkpoint again. Returns the
+    iterator and the first batch if the retry already took it."""
+    gate.set()
+    try:
+        it = iter(loader)
+    except RuntimeError:
+        gate.clear()
+        return iter(loader), None
+    try:
+        first = next(it)
+    except StopIteration:  # nothing left to fetch this epoch: nothing failed
+        gate.clear()
+        return it, None
+    except RuntimeError:
+        it = None
+        gate.clear()
+        loader.load_state_dict(state)
+        return iter(loader), None
+    gate.clear()  # a batch came before a worker saw the gate (prefetched before it was set): no failure this time
+    return it, _plain(first)
+
+
+def _without_draws(batch):
+    if isinstance(batch, float):
+        return None
+    return [_without_draws(b) for b in batch] if isinstance(batch, list) else batch
+
+
+def _same_epochs(resumed: list[list], full: list[list], config: dict) -> None:
+    if config["in_order"]:
+        assert resumed == full
+        return
+    # Out of order, the order is down to timing, and so is which worker fetches which sample of a map dataset
+    # (and so its draws): each batch comes once. (A stream's items each come from one worker, draws and all.)
+    if config["kind"] == "map":
+        resumed, full = _without_draws(resumed), _without_draws(full)
+    assert [sorted(map(repr, e)) for e in resumed] == [sorted(map(repr, e)) for e in full]
+
+
+@settings(max_examples=SWEEP_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
+@given(config=sweep_configs())
+def test_resumed_equals_uninterrupted_over_random_settings(config):
+    gate = multiprocessing.get_context().Event() if config["fail_resume"] else None
+    full = _sweep_run(config, [], gate)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Length of IterableDataset")
+        resumed = _sweep_run(config, config["cuts"], gate)
+    _same_epochs(resumed, full, config)
