@@ -24,6 +24,9 @@ from typing import Any
 from minidl_course.crash import DiesInWorker
 
 TORCH_OUTER = "DataLoader worker (pid(s) <pid>) exited unexpectedly"  # torch 2.13's message, pids hidden
+# The words of torch's signal handler for one dead worker (its C++ message, which the outer one wraps as the cause).
+TORCH_HANDLER = ("DataLoader worker (pid <pid>) is killed by signal: ",
+                 "DataLoader worker (pid <pid>) exited unexpectedly with exit code ")
 HANG_S = 20.0  # seconds with no batch and no error: far above torch's 5 s status check
 STARTUP_S = 120.0  # for the child to import torch and start its workers, before the first batch
 
