@@ -31,6 +31,7 @@ import numpy as np
 
 from minidl import _random, _utils
 from minidl._picklable import check_main_module, pickling_errors_named
+from minidl._thread_workers import _ThreadContext
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper, process_cpu_count
 from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
@@ -41,7 +42,6 @@ from minidl.worker import (
     _is_iter_datapipe,
     _IterableDatasetStopIteration,
     _ResumeIteration,
-    _ThreadContext,
     _worker_loop,
     _WorkerOptions,
     get_worker_info,
@@ -622,8 +622,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     - on a failed read: a worker that dies right after putting a batch leaves a handle to
     #       shared memory nobody can open, and the read fails (EOFError, ConnectionResetError).
     #       torch checks its workers then, but a worker not yet reaped still looks alive, and the
-    #       raw error escapes (torch 2.13: 11 runs in 50 here, see the README). minidl joins its workers briefly
-    #       first, so the dead one is seen and named every time (scripts/fault_loop.py counts);
+    #       raw error escapes (scripts/fault_loop.py counts how often; results/README.md has a count).
+    #       minidl joins its workers briefly first, so the dead one is seen and named every time;
     #     - while waiting: every MP_STATUS_CHECK_INTERVAL seconds the main process checks them.
     #     The iterator then shuts down and raises the same error on every later next(): its
     #     epoch can't finish, and must not end as if complete;
@@ -686,6 +686,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     i,
                     self._num_workers,
                     self._persistent_workers,
+                    self._shared_seed,
                     self._worker_options(i),
                 ),
                 name=f"minidl_worker_{i}",
@@ -716,7 +717,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
 
     def _worker_options(self, worker_id: int) -> _WorkerOptions:
         """minidl's additions to a worker's arguments; a layer (trace.py, state.py) adds its worker side here."""
-        return _WorkerOptions(worker_method=self._worker_method, shared_seed=self._shared_seed)
+        return _WorkerOptions(worker_method=self._worker_method)
 
     def _start_pin_memory_thread(self, in_queue, out_queue) -> threading.Thread:
         from minidl.pin_memory import _pin_memory_loop

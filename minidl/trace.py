@@ -55,7 +55,8 @@ class Recorder:
 
     def __init__(self, lane: str) -> None:
         self.lane = lane
-        self.batch = None  # in a worker: the task being worked on (set by _TracedTaskQueue)
+        self.batch = None  # the batch being fetched: set by _TracedTaskQueue in a worker, by the iterator in main
+        self.fetched = None  # when the fetcher last handed back a batch: a pin span starts there
         self.events: list[tuple] = []
         self._where = None  # (pid, thread id), read once, by the thread that records
 
@@ -89,7 +90,10 @@ class Recorder:
 
 
 class _Span:
-    """The context manager ``Recorder.span`` returns (a class, not ``@contextmanager``: a few µs less per batch)."""
+    """The context manager ``Recorder.span`` returns.
+
+    It is a class rather than a ``@contextmanager`` generator because a class costs less per batch.
+    """
 
     __slots__ = ("recorder", "event", "batch", "args", "start", "cpu")
 
@@ -103,30 +107,63 @@ class _Span:
         self.recorder.add(self.event, self.batch, self.start, now(), cpu=time.thread_time() - self.cpu, **self.args)
 
 
+class _StampedDataset:
+    """A map dataset as a traced fetcher sees it: each ``__getitem__`` notes its index and the clock after it."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+        self.indices: list = []
+        self.stamps: list[float] = []  # the clock before the first sample, then after each one
+
+    def __getitem__(self, idx):
+        item = self.dataset[idx]
+        self.indices.append(idx)
+        self.stamps.append(now())
+        return item
+
+    def __getattr__(self, name):  # __getitems__ and the rest: the dataset's own
+        return getattr(self.dataset, name)
+
+
 class _TracedMapDatasetFetcher(_MapDatasetFetcher):
-    """``_MapDatasetFetcher.fetch`` with each ``__getitem__``, the fetch and the collate recorded."""
+    """``_MapDatasetFetcher`` with each ``__getitem__``, the fetch and the collate recorded.
+
+    Its ``fetch`` is the base one, run on the dataset seen through ``_StampedDataset``. The collate it calls
+    first closes the "fetch" span, then records its own.
+    """
 
     def __init__(self, dataset, auto_collation, collate_fn, drop_last, recorder: Recorder) -> None:
-        super().__init__(dataset, auto_collation, collate_fn, drop_last)
-        self.recorder = recorder
+        super().__init__(_StampedDataset(dataset), auto_collation, self._collate, drop_last)
+        self.user_collate_fn, self.recorder = collate_fn, recorder
+        self._fetch_span = None  # open while the batch's samples are fetched
 
-    def fetch(self, possibly_batched_index, batch: int | None = None):
-        if not self.auto_collation:
-            return super().fetch(possibly_batched_index)
-        rec = self.recorder
-        batch = rec.batch if batch is None else batch
-        with rec.span("fetch", batch):
-            if getattr(self.dataset, "__getitems__", None):
-                data = self.dataset.__getitems__(possibly_batched_index)
-            else:
-                data, indices, stamps = [], [], [now()]
-                for idx in possibly_batched_index:  # one clock read per sample: each starts where the last ended
-                    data.append(self.dataset[idx])
-                    indices.append(idx)
-                    stamps.append(now())
-                rec.add_getitems(batch, indices, stamps)
-        with rec.span("collate", batch):
-            return self.collate_fn(data)
+    def fetch(self, possibly_batched_index):
+        samples, rec = self.dataset, self.recorder
+        if self.auto_collation:  # one sample, converted, records no span
+            self._fetch_span = rec.span("fetch", rec.batch)
+            self._fetch_span.__enter__()
+        samples.indices, samples.stamps = [], [now()]
+        try:
+            data = super().fetch(possibly_batched_index)
+        finally:
+            self._end_fetch()  # a sample raised: the span ends where it was cut short
+        rec.fetched = now()
+        return data
+
+    def _end_fetch(self) -> None:
+        if self._fetch_span is not None:
+            self._fetch_span.__exit__()
+            self._fetch_span = None
+
+    def _collate(self, data):
+        if self._fetch_span is None:
+            return self.user_collate_fn(data)
+        rec, samples = self.recorder, self.dataset
+        if not getattr(samples, "__getitems__", None):  # a batch fetched at once has no per-sample times
+            rec.add_getitems(rec.batch, samples.indices, samples.stamps)
+        self._end_fetch()
+        with rec.span("collate", rec.batch):
+            return self.user_collate_fn(data)
 
 
 class _TracedIterableDatasetFetcher(_IterableDatasetFetcher):
@@ -136,9 +173,11 @@ class _TracedIterableDatasetFetcher(_IterableDatasetFetcher):
         super().__init__(dataset, auto_collation, collate_fn, drop_last)
         self.recorder = recorder
 
-    def fetch(self, possibly_batched_index, batch: int | None = None):
-        with self.recorder.span("fetch", self.recorder.batch if batch is None else batch):
-            return super().fetch(possibly_batched_index)
+    def fetch(self, possibly_batched_index):
+        with self.recorder.span("fetch", self.recorder.batch):
+            data = super().fetch(possibly_batched_index)
+        self.recorder.fetched = now()
+        return data
 
 
 def traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder: Recorder):
@@ -182,10 +221,10 @@ class _Pickled:
 def _start_sharing() -> None:
     """Share one small tensor, so that what sharing needs in this process is started before the worker's first task.
 
-    With torch's ``file_system`` strategy (a Mac's only one) the first tensor a process shares starts
-    ``torch_shm_manager`` and waits for it: a fraction of a second, seconds on a busy machine. A worker's first
-    batch would pay it inside its collate (a worker collates into shared memory) or its pickling, and look slow
-    for no fault of its samples. Paid here, it is part of the worker's start, which ``diagnose`` leaves out.
+    With torch's ``file_system`` strategy (a Mac's only one), the first tensor a process shares starts
+    ``torch_shm_manager`` and waits for it. A worker's first batch would pay that wait inside its collate (a
+    worker collates into shared memory) or its pickling, and look slow for no fault of its samples. Paid here,
+    the wait is part of the worker's start, which ``diagnose`` leaves out.
     """
     torch = sys.modules.get("torch")  # a worker that never imported torch shares no tensor
     if torch is not None:
@@ -309,14 +348,10 @@ class _TracedSingleIter(_TracedIterMixin):
                               self._drop_last, self._recorder)
 
     def _next_data(self):
-        index = self._next_index()  # may raise StopIteration
-        self._trace_batch = batch = self._num_yielded
-        data = self._dataset_fetcher.fetch(index, batch)  # may raise StopIteration
-        if self._pin_memory:
-            from minidl.pin_memory import pin_memory
-
-            with self._recorder.span("pin", batch):
-                data = pin_memory(data, self._pin_memory_device)
+        self._trace_batch = self._recorder.batch = batch = self._num_yielded  # the batch the fetcher records
+        data = super()._next_data()  # may raise StopIteration
+        if self._pin_memory:  # the base pinned the batch after the fetcher handed it back
+            self._recorder.add("pin", batch, self._recorder.fetched, now())
         return data
 
 

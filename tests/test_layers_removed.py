@@ -25,7 +25,7 @@ LAYER_FILES = ("trace.py", "trace_analysis.py", "state.py")
 BLOCK = re.compile(r"^[ \t]*# >>> layer: (\w+).*?^[ \t]*# <<< layer: \1[^\n]*\n", re.MULTILINE | re.DOTALL)
 # Names that belong to the layers alone: none may be left in the stripped package's code.
 LAYER_NAMES = {"trace", "stateful", "snapshot_every_n_steps", "_last_iterator", "_resume_state", "state_dict",
-               "load_state_dict", "traced_iterators", "stateful_iterators"}
+               "load_state_dict", "traced_iterators", "stateful_iterators", "ship", "unship", "layers"}
 # The loader's own tests; the few that use a layer are left out by name.
 LOADER_TESTS = ["test_fetch.py", "test_dataloader.py", "test_worker.py", "test_shutdown.py", "test_pin_memory.py",
                 "test_torch_parity_loader.py"]
