@@ -3,9 +3,12 @@
 Mirrors ``torch/utils/data/dataloader.py``. The single-process iterator is the whole idea: sample,
 fetch, collate (and pin); the multi-worker iterator adds queues, a reorder buffer and a shutdown
 protocol (see the NOTE below). Workers are processes by default, or threads with
-``worker_method="thread"``. minidl's optional layers, tracing (minidl/trace.py) and resume
-(minidl/state.py), are iterator subclasses put on top in ``DataLoader._get_iterator``, each from one
-marked block of ``DataLoader``: delete the block and the file, and the loader runs without that layer.
+``worker_method="thread"``.
+
+minidl's optional layers, tracing (minidl/trace.py) and resume (minidl/state.py), are iterator
+subclasses put on top in ``DataLoader._get_iterator``. Every line of ``DataLoader`` that serves one
+sits between ``# >>> layer: NAME`` and ``# <<< layer: NAME``. Delete those lines and the layer's file,
+and the loader runs without that layer (tests/test_layers_removed.py does it).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import numpy as np
 
 from minidl import _random, _utils
 from minidl._picklable import check_main_module, pickling_errors_named
+from minidl._thread_workers import _ThreadContext
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper, process_cpu_count
 from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
@@ -38,7 +42,6 @@ from minidl.worker import (
     _is_iter_datapipe,
     _IterableDatasetStopIteration,
     _ResumeIteration,
-    _ThreadContext,
     _worker_loop,
     _WorkerOptions,
     get_worker_info,
@@ -146,9 +149,10 @@ class DataLoader(Generic[_T_co]):
     """Combines a dataset and a sampler into an iterable over batches, as ``torch.utils.data.DataLoader``.
 
     minidl's additions: ``worker_method`` runs the ``num_workers`` workers as processes
-    (``"multiprocessing"``, torch's only choice) or as threads (``"thread"``); ``trace=True`` records
-    every step of every batch into ``loader.trace`` (a ``minidl.trace.Trace``); ``stateful=True``
-    makes it resumable mid-epoch with ``state_dict()``/``load_state_dict()`` (see minidl/state.py).
+    (``"multiprocessing"``, torch's only choice) or as threads (``"thread"``). The layers add two more.
+    ``trace=True`` records every step of every batch into ``loader.trace`` (minidl/trace.py).
+    ``stateful=True`` makes the loader resumable mid-epoch with ``state_dict()`` and ``load_state_dict()``
+    (minidl/state.py).
     """
 
     def __init__(
@@ -172,9 +176,13 @@ class DataLoader(Generic[_T_co]):
         pin_memory_device: str = "",
         in_order: bool = True,
         worker_method: str = "multiprocessing",
+        # >>> layer: tracing (minidl/trace.py)
         trace: bool | Any = False,  # or a minidl.trace.Trace to record into
+        # <<< layer: tracing
+        # >>> layer: resume (minidl/state.py)
         stateful: bool = False,
-        snapshot_every_n_steps: int | None = 1,  # stateful=True: how often workers ship their state (torchdata's)
+        snapshot_every_n_steps: int | None = 1,  # how often workers ship their state (torchdata's name and default)
+        # <<< layer: resume
     ) -> None:
         if num_workers < 0:
             raise ValueError(
@@ -193,10 +201,6 @@ class DataLoader(Generic[_T_co]):
             raise ValueError("prefetch_factor option should be non-negative")
         if persistent_workers and num_workers == 0:
             raise ValueError("persistent_workers option needs num_workers > 0")
-        if snapshot_every_n_steps is not None and (not isinstance(snapshot_every_n_steps, int)
-                                                   or snapshot_every_n_steps < 0):
-            raise ValueError("snapshot_every_n_steps option should be a non-negative integer or None, but got "
-                             f"snapshot_every_n_steps={snapshot_every_n_steps!r}")
         if worker_method not in WORKER_METHODS:
             raise ValueError(
                 f"worker_method should be one of {WORKER_METHODS}, but got worker_method={worker_method!r}"
@@ -280,6 +284,9 @@ class DataLoader(Generic[_T_co]):
             collate_fn = default_collate if self._auto_collation else default_convert
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
+        self._IterableDataset_len_called = None  # len(self) as reported, to warn on overrun
+        self._iterator = None  # kept between epochs only with persistent_workers
+        # >>> layer: tracing (minidl/trace.py)
         if trace is True:
             from minidl.trace import Trace
 
@@ -287,19 +294,34 @@ class DataLoader(Generic[_T_co]):
         self.trace = trace or None
         if self.trace is not None:
             self.trace.num_workers, self.trace.worker_method, self.trace.in_order = num_workers, worker_method, in_order
+        # <<< layer: tracing
+        # >>> layer: resume (minidl/state.py)
+        if snapshot_every_n_steps is not None and (not isinstance(snapshot_every_n_steps, int)
+                                                   or snapshot_every_n_steps < 0):
+            raise ValueError("snapshot_every_n_steps option should be a non-negative integer or None, but got "
+                             f"snapshot_every_n_steps={snapshot_every_n_steps!r}")
         self.stateful = stateful
         self.snapshot_every_n_steps = snapshot_every_n_steps
-        self._IterableDataset_len_called = None  # len(self) as reported, to warn on overrun
-        self._iterator = None  # kept between epochs only with persistent_workers
-        self._last_iterator = None  # stateful=True: the newest iterator (held, as torchdata does), for state_dict()
-        self._resume_state = None  # stateful=True: set by load_state_dict(), taken by the next iterator
+        self._last_iterator = None  # the newest iterator, held as torchdata holds it, for state_dict()
+        self._resume_state = None  # set by load_state_dict(), taken by the next iterator
+        # <<< layer: resume
         self.__initialized = True
         self.check_worker_number_rationality()
 
     def _get_iterator(self) -> _BaseDataLoaderIter:
         single, multi = _SingleProcessDataLoaderIter, _MultiProcessingDataLoaderIter
-        for layer in self._layers:  # minidl's optional layers: see the marked blocks at the end of this class
-            single, multi = layer(self, single, multi)
+        # >>> layer: tracing (minidl/trace.py)
+        if self.trace is not None:
+            from minidl.trace import traced_iterators
+
+            single, multi = traced_iterators(single, multi)
+        # <<< layer: tracing
+        # >>> layer: resume (minidl/state.py), on top of tracing when both are on
+        if self.stateful:
+            from minidl.state import stateful_iterators
+
+            single, multi = stateful_iterators(single, multi)
+        # <<< layer: resume
         if self.num_workers == 0:
             return single(self)
         self.check_worker_number_rationality()
@@ -385,30 +407,7 @@ class DataLoader(Generic[_T_co]):
                 stacklevel=2,
             )
 
-    # minidl's optional layers. Each is an iterator subclass put on top of the loader's own in _get_iterator (its
-    # worker side rides in _WorkerOptions.layers and ships what it records with each batch). Delete a layer's
-    # block and its file, and the loader runs without it.
-    _layers: tuple = ()  # functions (loader, single, multi) -> the iterator classes to use, in order
-
-    # >>> layer: tracing (minidl/trace.py)
-    def _tracing_layer(self, single, multi):
-        if self.trace is None:
-            return single, multi
-        from minidl.trace import _TracedMultiProcessingDataLoaderIter, _TracedSingleProcessDataLoaderIter
-
-        return _TracedSingleProcessDataLoaderIter, _TracedMultiProcessingDataLoaderIter
-
-    _layers += (_tracing_layer,)
-    # <<< layer: tracing
-
-    # >>> layer: resume (minidl/state.py), on top of tracing when both are on
-    def _resume_layer(self, single, multi):
-        if not self.stateful:
-            return single, multi
-        from minidl.state import stateful_iterator
-
-        return stateful_iterator(single), stateful_iterator(multi)
-
+    # >>> layer: resume (minidl/state.py)
     def state_dict(self) -> dict:
         """Where this loader stands, mid-epoch or between epochs; ``load_state_dict`` resumes right there.
 
@@ -424,9 +423,8 @@ class DataLoader(Generic[_T_co]):
         from minidl.state import load_loader_state
 
         load_loader_state(self, state)
-
-    _layers += (_resume_layer,)
     # <<< layer: resume
+
 
 def _mp_module():
     """torch.multiprocessing when torch is installed (tensors then travel in shared memory)."""
@@ -632,8 +630,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     - on a failed read: a worker that dies right after putting a batch leaves a handle to
     #       shared memory nobody can open, and the read fails (EOFError, ConnectionResetError).
     #       torch checks its workers then, but a worker not yet reaped still looks alive, and the
-    #       raw error escapes (torch 2.13: 11 runs in 50 here, see the README). minidl joins its workers briefly
-    #       first, so the dead one is seen and named every time (scripts/fault_loop.py counts);
+    #       raw error escapes (scripts/fault_loop.py counts how often; results/README.md has a count).
+    #       minidl joins its workers briefly first, so the dead one is seen and named every time;
     #     - while waiting: every MP_STATUS_CHECK_INTERVAL seconds the main process checks them.
     #     The iterator then shuts down and raises the same error on every later next(): its
     #     epoch can't finish, and must not end as if complete;
@@ -697,6 +695,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     i,
                     self._num_workers,
                     self._persistent_workers,
+                    self._shared_seed,
                     self._worker_options(i),
                 ),
                 name=f"minidl_worker_{i}",
@@ -727,7 +726,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
 
     def _worker_options(self, worker_id: int) -> _WorkerOptions:
         """minidl's additions to a worker's arguments; a layer (trace.py, state.py) adds its worker side here."""
-        return _WorkerOptions(worker_method=self._worker_method, shared_seed=self._shared_seed)
+        return _WorkerOptions(worker_method=self._worker_method)
 
     def _start_pin_memory_thread(self, in_queue, out_queue) -> threading.Thread:
         from minidl.pin_memory import _pin_memory_loop

@@ -488,12 +488,13 @@ _END = object()  # marks an exhausted iterator without catching StopIteration
 
 
 @functools.cache
-def stateful_iterator(base: type) -> type:
-    """``base``, one of the loader's iterator classes (traced or not), with the resume layer on top."""
-    from minidl.dataloader import _SingleProcessDataLoaderIter
+def stateful_iterators(single: type, multi: type) -> tuple[type, type]:
+    """The loader's two iterator classes (traced or not) with the resume layer on top.
 
-    layer = _StatefulSingleIter if issubclass(base, _SingleProcessDataLoaderIter) else _StatefulMultiIter
-    return type(f"_Stateful{base.__name__.lstrip('_')}", (layer, base), {"__doc__": layer.__doc__})
+    ``DataLoader._get_iterator`` hands the classes in, so this module never imports dataloader.py.
+    """
+    return tuple(type(f"_Stateful{base.__name__.lstrip('_')}", (layer, base), {"__doc__": layer.__doc__})
+                 for layer, base in ((_StatefulSingleIter, single), (_StatefulMultiIter, multi)))
 
 
 class _StatefulIterMixin:

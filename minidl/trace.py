@@ -15,11 +15,11 @@ recorded in worker processes and in the main process share one time axis.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
 import pickle
-import statistics
 import sys
 import threading
 import time
@@ -27,8 +27,7 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from multiprocessing.reduction import ForkingPickler
 
-from minidl._utils import ExceptionWrapper, now, process_cpu_count
-from minidl.dataloader import _MultiProcessingDataLoaderIter, _SingleProcessDataLoaderIter
+from minidl._utils import ExceptionWrapper, now
 from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetcher
 from minidl.worker import _IterableDatasetStopIteration, ship, unship
 
@@ -56,7 +55,8 @@ class Recorder:
 
     def __init__(self, lane: str) -> None:
         self.lane = lane
-        self.batch = None  # in a worker: the task being worked on (set by _TracedTaskQueue)
+        self.batch = None  # the batch being fetched: set by _TracedTaskQueue in a worker, by the iterator in main
+        self.fetched = None  # when the fetcher last handed back a batch: a pin span starts there
         self.events: list[tuple] = []
         self._where = None  # (pid, thread id), read once, by the thread that records
 
@@ -90,7 +90,10 @@ class Recorder:
 
 
 class _Span:
-    """The context manager ``Recorder.span`` returns (a class, not ``@contextmanager``: a few µs less per batch)."""
+    """The context manager ``Recorder.span`` returns.
+
+    It is a class rather than a ``@contextmanager`` generator because a class costs less per batch.
+    """
 
     __slots__ = ("recorder", "event", "batch", "args", "start", "cpu")
 
@@ -104,30 +107,63 @@ class _Span:
         self.recorder.add(self.event, self.batch, self.start, now(), cpu=time.thread_time() - self.cpu, **self.args)
 
 
+class _StampedDataset:
+    """A map dataset as a traced fetcher sees it: each ``__getitem__`` notes its index and the clock after it."""
+
+    def __init__(self, dataset) -> None:
+        self.dataset = dataset
+        self.indices: list = []
+        self.stamps: list[float] = []  # the clock before the first sample, then after each one
+
+    def __getitem__(self, idx):
+        item = self.dataset[idx]
+        self.indices.append(idx)
+        self.stamps.append(now())
+        return item
+
+    def __getattr__(self, name):  # __getitems__ and the rest: the dataset's own
+        return getattr(self.dataset, name)
+
+
 class _TracedMapDatasetFetcher(_MapDatasetFetcher):
-    """``_MapDatasetFetcher.fetch`` with each ``__getitem__``, the fetch and the collate recorded."""
+    """``_MapDatasetFetcher`` with each ``__getitem__``, the fetch and the collate recorded.
+
+    Its ``fetch`` is the base one, run on the dataset seen through ``_StampedDataset``. The collate it calls
+    first closes the "fetch" span, then records its own.
+    """
 
     def __init__(self, dataset, auto_collation, collate_fn, drop_last, recorder: Recorder) -> None:
-        super().__init__(dataset, auto_collation, collate_fn, drop_last)
-        self.recorder = recorder
+        super().__init__(_StampedDataset(dataset), auto_collation, self._collate, drop_last)
+        self.user_collate_fn, self.recorder = collate_fn, recorder
+        self._fetch_span = None  # open while the batch's samples are fetched
 
-    def fetch(self, possibly_batched_index, batch: int | None = None):
-        if not self.auto_collation:
-            return super().fetch(possibly_batched_index)
-        rec = self.recorder
-        batch = rec.batch if batch is None else batch
-        with rec.span("fetch", batch):
-            if getattr(self.dataset, "__getitems__", None):
-                data = self.dataset.__getitems__(possibly_batched_index)
-            else:
-                data, indices, stamps = [], [], [now()]
-                for idx in possibly_batched_index:  # one clock read per sample: each starts where the last ended
-                    data.append(self.dataset[idx])
-                    indices.append(idx)
-                    stamps.append(now())
-                rec.add_getitems(batch, indices, stamps)
-        with rec.span("collate", batch):
-            return self.collate_fn(data)
+    def fetch(self, possibly_batched_index):
+        samples, rec = self.dataset, self.recorder
+        if self.auto_collation:  # one sample, converted, records no span
+            self._fetch_span = rec.span("fetch", rec.batch)
+            self._fetch_span.__enter__()
+        samples.indices, samples.stamps = [], [now()]
+        try:
+            data = super().fetch(possibly_batched_index)
+        finally:
+            self._end_fetch()  # a sample raised: the span ends where it was cut short
+        rec.fetched = now()
+        return data
+
+    def _end_fetch(self) -> None:
+        if self._fetch_span is not None:
+            self._fetch_span.__exit__()
+            self._fetch_span = None
+
+    def _collate(self, data):
+        if self._fetch_span is None:
+            return self.user_collate_fn(data)
+        rec, samples = self.recorder, self.dataset
+        if not getattr(samples, "__getitems__", None):  # a batch fetched at once has no per-sample times
+            rec.add_getitems(rec.batch, samples.indices, samples.stamps)
+        self._end_fetch()
+        with rec.span("collate", rec.batch):
+            return self.user_collate_fn(data)
 
 
 class _TracedIterableDatasetFetcher(_IterableDatasetFetcher):
@@ -137,9 +173,11 @@ class _TracedIterableDatasetFetcher(_IterableDatasetFetcher):
         super().__init__(dataset, auto_collation, collate_fn, drop_last)
         self.recorder = recorder
 
-    def fetch(self, possibly_batched_index, batch: int | None = None):
-        with self.recorder.span("fetch", self.recorder.batch if batch is None else batch):
-            return super().fetch(possibly_batched_index)
+    def fetch(self, possibly_batched_index):
+        with self.recorder.span("fetch", self.recorder.batch):
+            data = super().fetch(possibly_batched_index)
+        self.recorder.fetched = now()
+        return data
 
 
 def traced_fetcher(kind, dataset, auto_collation, collate_fn, drop_last, recorder: Recorder):
@@ -183,10 +221,10 @@ class _Pickled:
 def _start_sharing() -> None:
     """Share one small tensor, so that what sharing needs in this process is started before the worker's first task.
 
-    With torch's ``file_system`` strategy (a Mac's only one) the first tensor a process shares starts
-    ``torch_shm_manager`` and waits for it: a fraction of a second, seconds on a busy machine. A worker's first
-    batch would pay it inside its collate (a worker collates into shared memory) or its pickling, and look slow
-    for no fault of its samples. Paid here, it is part of the worker's start, which ``diagnose`` leaves out.
+    With torch's ``file_system`` strategy (a Mac's only one), the first tensor a process shares starts
+    ``torch_shm_manager`` and waits for it. A worker's first batch would pay that wait inside its collate (a
+    worker collates into shared memory) or its pickling, and look slow for no fault of its samples. Paid here,
+    the wait is part of the worker's start, which ``diagnose`` leaves out.
     """
     torch = sys.modules.get("torch")  # a worker that never imported torch shares no tensor
     if torch is not None:
@@ -302,25 +340,24 @@ class _TracedIterMixin:
         return data
 
 
-class _TracedSingleProcessDataLoaderIter(_TracedIterMixin, _SingleProcessDataLoaderIter):
+class _TracedSingleIter(_TracedIterMixin):
+    """``num_workers=0``, traced: the main process records its own fetch, collate and pin."""
+
     def _create_fetcher(self):
         return traced_fetcher(self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn,
                               self._drop_last, self._recorder)
 
     def _next_data(self):
-        index = self._next_index()  # may raise StopIteration
-        self._trace_batch = batch = self._num_yielded
-        data = self._dataset_fetcher.fetch(index, batch)  # may raise StopIteration
-        if self._pin_memory:
-            from minidl.pin_memory import pin_memory
-
-            with self._recorder.span("pin", batch):
-                data = pin_memory(data, self._pin_memory_device)
+        self._trace_batch = self._recorder.batch = batch = self._num_yielded  # the batch the fetcher records
+        data = super()._next_data()  # may raise StopIteration
+        if self._pin_memory:  # the base pinned the batch after the fetcher handed it back
+            self._recorder.add("pin", batch, self._recorder.fetched, now())
         return data
 
 
-class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDataLoaderIter):
-    """Records each send and receive; workers record their own steps and ship them with each batch."""
+class _TracedMultiIter(_TracedIterMixin):
+    """``num_workers > 0``, traced: records each send and receive; workers record their own steps and ship them
+    with each batch."""
 
     def _worker_options(self, worker_id: int):
         options = super()._worker_options(worker_id)
@@ -359,6 +396,16 @@ class _TracedMultiProcessingDataLoaderIter(_TracedIterMixin, _MultiProcessingDat
     def _process_data(self, data, worker_id: int):
         self._trace_batch = self._received[worker_id].popleft()  # a worker's batches go out in the order it sent them
         return super()._process_data(data, worker_id)
+
+
+@functools.cache
+def traced_iterators(single: type, multi: type) -> tuple[type, type]:
+    """The loader's two iterator classes with tracing on top.
+
+    ``DataLoader._get_iterator`` hands the classes in, so this module never imports dataloader.py.
+    """
+    return tuple(type(f"_Traced{base.__name__.lstrip('_')}", (layer, base), {"__doc__": layer.__doc__})
+                 for layer, base in ((_TracedSingleIter, single), (_TracedMultiIter, multi)))
 
 
 def _reorder_events(events: list[dict]) -> list[dict]:
@@ -467,182 +514,12 @@ class Trace:
 
         ``caption`` goes under the title: name the machine there (``minidl_bench.describe()``).
         """
+        from minidl.trace_analysis import plot_timeline
+
         return plot_timeline(self.rows(), ax=ax, title=title, caption=caption)
 
-    def diagnose(self) -> Diagnosis:
-        """Where the time went, and the one change most likely to help."""
+    def diagnose(self):
+        """Where the time went, and the one change most likely to help: a ``minidl.trace_analysis.Diagnosis``."""
+        from minidl.trace_analysis import diagnose
+
         return diagnose(self)
-
-
-@dataclass
-class Diagnosis:
-    """Numbers derived from a trace, and a plain-language verdict (``print(diagnosis)``)."""
-
-    wall: float  # s, from the first request for a batch to the last hand-over
-    wait_share: float  # share of wall the consumer spent waiting inside next()
-    consumer_step: float  # s, mean time the consumer spent between batches
-    batch_time: float  # s, mean time to fetch and collate one batch (in a worker, or in main)
-    worker_utilisation: dict[str, float]  # lane -> share of wall spent fetching and collating
-    reorder_lost: float  # s the consumer waited while a later batch sat ready in the reorder buffer
-    transport: float  # s, mean time from a worker's put to the main process's receive
-    pin: float  # s, mean time to pin one batch
-    workers_needed: int  # workers that would keep up with the measured consumer step
-    io_bound: bool  # loading spent under half its time on the CPU: it mostly waits
-    bottleneck: str  # "loader" or "consumer"
-    advice: list[str]
-    startup: float = 0.0  # s of the consumer's first wait, each epoch, before any worker began to fetch (left out)
-
-    def __str__(self) -> str:
-        ms = 1e3
-        lines = [
-            f"bottleneck: the {self.bottleneck}",
-            f"  consumer waited {self.wait_share:.0%} of {self.wall:.2f} s"
-            + (f" (not counting {_seconds(self.startup)} for the workers to start)" if self.startup >= 5e-4 else "")
-            + f"; its step takes "
-            f"{self.consumer_step * ms:.1f} ms, a batch takes {self.batch_time * ms:.1f} ms to load",
-            "  worker utilisation: " + ", ".join(f"{k} {v:.0%}" for k, v in self.worker_utilisation.items()),
-            f"  transport {self.transport * ms:.2f} ms/batch, reordering cost {self.reorder_lost * ms:.0f} ms, "
-            f"pinning {self.pin * ms:.2f} ms/batch",
-            f"  workers needed to keep up: about {self.workers_needed}"
-            + (" (loading is I/O-bound: it mostly waits)" if self.io_bound else ""),
-        ]
-        return "\n".join(lines + [f"try: {a}" for a in self.advice])
-
-
-def _seconds(t: float) -> str:
-    return f"{t:.2f} s" if t >= 0.1 else f"{t * 1e3:.0f} ms"
-
-
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs) if xs else 0.0
-
-
-def diagnose(trace: Trace, cores: int | None = None) -> Diagnosis:
-    """Compute a Diagnosis from the events of ``trace``."""
-    ev = trace.rows()
-    if not ev:
-        raise ValueError("the trace is empty: iterate over the traced DataLoader first")
-    by = defaultdict(list)
-    for e in ev:
-        by[e["event"]].append(e)
-    waits, yields = by["wait"], by["yield"]
-    startup = _startup(by["send"], waits, by["fetch"])
-    wall = max(e["end"] for e in yields) - min(e["start"] for e in waits) - startup if yields else 0.0
-    waited = sum(e["end"] - e["start"] for e in waits) - startup
-    wait_share = waited / wall if wall > 0 else 0.0
-    consumer_step = _mean([e["end"] - e["start"] for e in by["consumer"]])
-
-    busy: dict[str, float] = defaultdict(float)  # fetching plus collating, per lane
-    per_batch: dict[tuple, float] = defaultdict(float)
-    cpu = 0.0
-    for e in by["fetch"] + by["collate"]:
-        busy[e["lane"]] += e["end"] - e["start"]
-        per_batch[(e["lane"], e["batch"])] += e["end"] - e["start"]
-        cpu += e.get("cpu", 0.0)
-    # Loading that mostly waits (storage, network, sleep) rather than computes is I/O-bound:
-    # then more workers than cores still help, and threads are the cheapest workers.
-    io_bound = cpu < 0.5 * sum(busy.values())
-    batch_time = _mean(list(per_batch.values()))
-    # A slow batch: one that took over twice as long as the median batch to load.
-    slow_batch = bool(per_batch) and max(per_batch.values()) > 2 * statistics.median(per_batch.values())
-    utilisation = {lane: t / wall if wall > 0 else 0.0 for lane, t in sorted(busy.items())}
-
-    # Transport: of the time between a worker's put and the main process's receipt, only the part
-    # the main process spent waiting for it (a batch queued while the consumer trained costs nothing).
-    puts = {e["batch"]: e["start"] for e in by["put"]}
-    transport = _mean([e["start"] - max(puts[e["batch"]], e["waited_since"]) for e in by["receive"]
-                       if e["batch"] in puts])
-    reorder_lost = sum(e["end"] - e["start"] for e in by["reorder_block"])
-    pin = _mean([e["end"] - e["start"] for e in by["pin"]])
-    workers_needed = max(1, math.ceil(batch_time / consumer_step)) if consumer_step > 0 else max(1, trace.num_workers)
-    workers_needed = min(workers_needed, max(1, len(yields)))  # an epoch of n batches keeps at most n workers busy
-
-    if cores is None:
-        cores = process_cpu_count()
-    bottleneck = "loader" if wait_share > 0.25 else "consumer"
-    advice = _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport,
-                     pin, workers_needed, cores, io_bound, slow_batch)
-    return Diagnosis(wall, wait_share, consumer_step, batch_time, utilisation, reorder_lost, transport, pin,
-                     workers_needed, io_bound, bottleneck, advice, startup)
-
-
-def _startup(sends: list[dict], waits: list[dict], fetches: list[dict]) -> float:
-    """Seconds the consumer waited for workers to start: of each epoch's first wait, the part before any fetch began.
-
-    An epoch starts where task 0 is sent. A forked worker starts in milliseconds; one started with ``spawn`` or
-    ``forkserver`` imports its modules anew (a second or more with torch). That one-off cost is left out of the
-    waits, so the diagnosis reads the same whatever the start method (``persistent_workers=True`` pays it once).
-    """
-    total = 0.0
-    for send in (e for e in sends if e["batch"] == 0):
-        wait = min((w for w in waits if w["start"] >= send["start"]), key=lambda w: w["start"], default=None)
-        fetch = min((f["start"] for f in fetches if f["start"] >= send["start"]), default=None)
-        if wait is not None and fetch is not None:
-            total += min(max(fetch - wait["start"], 0.0), wait["end"] - wait["start"])
-    return total
-
-
-def _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport, pin,
-            workers_needed, cores, io_bound, slow_batch) -> list[str]:
-    n = trace.num_workers
-    if bottleneck == "consumer":
-        return [f"nothing in the loader: the consumer waited only {wait_share:.0%} of the time; "
-                f"about {workers_needed} worker(s) keep up with this step"]
-    advice = []
-    if reorder_lost > 0.2 * waited and trace.in_order and n > 0:
-        why = ("a slow sample held it back" if slow_batch else
-               "no batch took twice the median batch's time to load: the workers finished out of turn")
-        advice.append(f"in_order=False: {reorder_lost:.2f} s of waiting happened while a later batch was "
-                      f"already ready ({why})")
-    if n > 0 and trace.worker_method == "multiprocessing" and transport > 0.5 * batch_time:
-        advice.append(f"worker_method='thread': moving a batch between processes ({transport * 1e3:.1f} ms) "
-                      f"costs as much as making it ({batch_time * 1e3:.1f} ms)")
-    if n > 1 and trace.worker_method == "thread" and not io_bound and sum(utilisation.values()) < 1.2:
-        advice.append("worker_method='multiprocessing': thread workers together used about one core, the "
-                      "GIL serialises their Python code (or run on free-threaded Python)")
-    if n < workers_needed and io_bound:
-        advice.append(f"num_workers={workers_needed}, as threads (worker_method='thread'): loading mostly waits "
-                      f"rather than computes, so more workers than the {cores} core(s) still help")
-    elif n < workers_needed:
-        more = f"num_workers={min(workers_needed, cores)}" if n < cores else "a cheaper per-sample transform"
-        advice.append(f"{more}: a batch takes {batch_time * 1e3:.1f} ms to load, so about {workers_needed} "
-                      f"worker(s) are needed to keep up, and this machine has {cores} core(s)")
-    elif n > 0 and max(utilisation.values(), default=0) < 0.7:
-        advice.append("a larger prefetch_factor: workers sat idle while the consumer waited")
-    if pin > 0.5 * batch_time:
-        advice.append(f"pin_memory=False, or pin fewer bytes: pinning takes {pin * 1e3:.1f} ms per batch")
-    return advice or ["more workers, or a cheaper per-sample transform"]
-
-
-COLOURS = {"getitem": "#9ecae1", "fetch": "#3182bd", "collate": "#31a354", "pickle": "#a1d99b",
-           "reorder": "#fdae6b", "reorder_block": "#e6550d", "pin": "#756bb1", "wait": "#de2d26", "consumer": "#636363"}
-
-
-def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline", caption: str | None = None):
-    """Draw ``rows`` as horizontal bars on one lane per worker/thread; returns the matplotlib Axes."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(11, 3.5))
-    t0 = min(r["start"] for r in rows)
-    lane_order = sorted({r["lane"] for r in rows}, key=lambda lane: (lane.startswith("worker"), lane), reverse=True)
-    y = {lane: i for i, lane in enumerate(lane_order)}
-    for event, colour in COLOURS.items():
-        bars = [((r["start"] - t0) * 1e3, (r["end"] - r["start"]) * 1e3, y[r["lane"]])
-                for r in rows if r["event"] == event]
-        for lane_y in {b[2] for b in bars}:
-            spans = [(x, w) for x, w, ly in bars if ly == lane_y]
-            inner = event in ("getitem", "reorder_block")  # drawn inside a fetch / a wait: keep them on top
-            height = 0.35 if inner else 0.7
-            ax.broken_barh(spans, (lane_y - height / 2, height), color=colour, label=event, zorder=3 if inner else 2)
-        for x, w, lane_y in bars:
-            if event in ("fetch", "wait") and w > 0:
-                batch = next(r["batch"] for r in rows if r["event"] == event and (r["start"] - t0) * 1e3 == x)
-                ax.text(x + w / 2, lane_y, str(batch), ha="center", va="center", fontsize=7, color="white")
-    handles, labels = ax.get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
-    ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    ax.set_yticks(range(len(lane_order)), lane_order)
-    ax.set_xlabel("time since the first event (ms)")
-    ax.set_title(title if caption is None else f"{title}\n{caption}", fontsize=9)
-    return ax

@@ -1,6 +1,6 @@
 """The worker loop: what each DataLoader worker runs, in a process or in a thread.
 
-Mirrors ``torch/utils/data/_utils/worker.py``.
+Mirrors ``torch/utils/data/_utils/worker.py``; what thread workers need besides lives in minidl/_thread_workers.py.
 Everything here lives at module top level so it can be pickled by reference under the ``spawn``
 and ``forkserver`` start methods: a worker can only run what it can import.
 """
@@ -11,13 +11,13 @@ import os
 import queue
 import random
 import sys
-import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from minidl import _random
+from minidl._thread_workers import _tell_torch, _thread_local, _ThreadWatchdog, _untell_torch
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 from minidl.fetch import _DatasetKind
 
@@ -47,9 +47,8 @@ class WorkerInfo:
 
 
 # A process worker sets the module global; a thread worker shares the module with the main
-# thread and its sibling workers, so it keeps its WorkerInfo in thread-local storage instead.
+# thread and its sibling workers, so it keeps its WorkerInfo in thread-local storage (_thread_local) instead.
 _worker_info: WorkerInfo | None = None
-_thread_local = threading.local()
 
 
 def get_worker_info() -> WorkerInfo | None:
@@ -82,13 +81,6 @@ class ManagerWatchdog:
 
     def is_alive(self) -> bool:
         return os.getppid() == self.manager_pid
-
-
-class _ThreadWatchdog:
-    """A thread worker's parent is the main thread: stop if the interpreter is shutting down."""
-
-    def is_alive(self) -> bool:
-        return threading.main_thread().is_alive()
 
 
 def _generate_state(base_seed: int, worker_id: int) -> list[int]:
@@ -156,86 +148,14 @@ def _seed_worker(base_seed: int, worker_id: int, worker_method: str) -> tuple[in
     return seed, None
 
 
-def _forget_thread_worker_info() -> None:
-    """In a child forked from a thread worker (a dataset that starts a loader of its own): the forking thread's
-    info came along with the fork, but this process is no thread worker, so it must not answer there."""
-    _thread_local.info = None
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_thread_worker_info)
-
-
-def _thread_aware_get_worker_info():
-    """torch's ``get_worker_info`` body while thread workers run: the calling thread's info first."""
-    info = getattr(_minidl_thread_local, "info", None)
-    return info if info is not None else _worker_info
-
-
-_minidl_thread_local = _thread_local  # the name _thread_aware_get_worker_info looks up
-
-# NOTE [ torch's get_worker_info in thread workers ]
-# A dataset written for torch shards itself with torch's get_worker_info(), which reads one module global: right
-# for process workers (minidl sets it, as torch's worker does), wrong for threads, which share it. So while thread
-# workers run, torch's function gets the thread-aware body above (its code object is swapped, so that even a
-# `from torch.utils.data import get_worker_info` made earlier sees it). The first thread worker to start installs
-# it, the last to leave its loop puts torch's own body back: torch is as it was whenever no thread worker runs.
-_torch_swap_lock = threading.Lock()
-_torch_swap_users = 0  # thread workers running with torch's function swapped
-_torch_own_code = None  # torch's own get_worker_info.__code__, while swapped
-
-
-def _tell_torch(info: WorkerInfo) -> bool:
-    """Let a dataset written for torch (calling torch's get_worker_info) shard itself here too.
-
-    A process worker sets torch's module global, as torch's own worker does. A thread worker installs the
-    thread-aware body (see NOTE above) and returns True: it must call ``_untell_torch`` when it leaves.
-    """
-    global _torch_swap_users, _torch_own_code
-    torch_worker = sys.modules.get("torch.utils.data._utils.worker")
-    if torch_worker is None:
-        return False
-    if info.worker_method != "thread":
-        torch_worker._worker_info = torch_worker.WorkerInfo(
-            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
-        )
-        return False
-    with _torch_swap_lock:
-        _torch_swap_users += 1
-        if _torch_swap_users == 1:
-            _torch_own_code = torch_worker.get_worker_info.__code__
-            torch_worker._minidl_thread_local = _thread_local
-            torch_worker.get_worker_info.__code__ = _thread_aware_get_worker_info.__code__
-    return True
-
-
-def _untell_torch() -> None:
-    """A thread worker leaves: the last one puts torch's own get_worker_info back."""
-    global _torch_swap_users, _torch_own_code
-    torch_worker = sys.modules["torch.utils.data._utils.worker"]
-    with _torch_swap_lock:
-        _torch_swap_users -= 1
-        if _torch_swap_users == 0:
-            torch_worker.get_worker_info.__code__ = _torch_own_code
-            del torch_worker._minidl_thread_local
-            _torch_own_code = None
-
-
 @dataclass(frozen=True)
 class _WorkerOptions:
-    """What minidl's worker needs beyond torch's parameters (torch's 14th is IterDataPipe's shared_seed).
+    """What minidl's worker takes beyond torch's arguments, passed after them as ``_worker_loop``'s ``options``."""
 
-    ``layers`` are the worker sides of minidl's optional layers (tracing, resume), given by the iterator
-    that chose them: each is called in the worker as ``layer(worker_id, index_queue, data_queue,
-    create_fetcher)`` and returns the three to use instead (wrapped queues, a fetcher factory). They
-    must be picklable (module-level classes) for spawn; the worker loop itself never names them.
-    What a layer records travels with the worker's message (``ship``) and is taken off in the main
-    process by that layer's ``_get_data`` (``unship``).
-    """
-
-    worker_method: str = "multiprocessing"  # or "thread"
-    layers: tuple = ()
-    shared_seed: int | None = None  # torch's 14th argument: seeds an IterDataPipe's random datapipes (see below)
+    worker_method: str = "multiprocessing"  # or "thread" (minidl/_thread_workers.py)
+    # >>> layer: shared by tracing and resume (see the block above _worker_loop)
+    layers: tuple = ()  # the worker sides of the layers the iterator chose
+    # <<< layer: shared
 
 
 # >>> DataPipes: torch's forward compatibility (an IterDataPipe graph as the dataset). Each worker's copy of the
@@ -257,6 +177,12 @@ def _apply_shared_seed(datapipe, shared_seed: int):
 # <<< DataPipes
 
 
+# >>> layer: shared by tracing and resume.
+# A layer's worker side comes in _WorkerOptions.layers. The worker calls it as layer(worker_id, index_queue,
+# data_queue, create_fetcher), and it returns the three to use instead: wrapped queues and a fetcher factory.
+# It is a module-level class, so spawn can pickle it; the loop never names a layer.
+# What a layer records travels with the worker's message (ship). That layer's _get_data takes it off in the main
+# process (unship).
 def ship(r: tuple, key: str, value) -> tuple:
     """A layer's worker side sends ``value`` with the message ``r`` = ``(idx, data)``.
 
@@ -277,6 +203,7 @@ def unship(r: tuple, key: str) -> tuple:
     idx, extras = idx
     value = extras.pop(key, None)
     return ((idx, extras) if extras else idx, data), idx, value
+# <<< layer: shared
 
 
 def _worker_loop(
@@ -293,6 +220,7 @@ def _worker_loop(
     worker_id,
     num_workers,
     persistent_workers,
+    shared_seed,
     options=None,
 ) -> None:
     """Fetch batches for the tasks on ``index_queue`` and put the results on ``data_queue``.
@@ -300,20 +228,19 @@ def _worker_loop(
     See NOTE [ Worker queues and shutdown ] in dataloader.py for the protocol. A task is
     ``(task_idx, indices)``; the answer is ``(task_idx, batch)``, where batch may be an
     ``ExceptionWrapper`` or, for an exhausted IterableDataset, ``_IterableDatasetStopIteration``.
-    ``options`` (a ``_WorkerOptions``) holds minidl's additions: thread workers, and the worker sides
-    of the layers the iterator chose (tracing, resume), which wrap the queues and the fetcher factory.
+    The arguments are torch's, in torch's order. ``options`` (a ``_WorkerOptions``) holds what minidl adds.
     """
     global _worker_info
     options = options or _WorkerOptions()
     in_thread = options.worker_method == "thread"
     where = f"in DataLoader worker {'thread' if in_thread else 'process'} {worker_id}"  # ExceptionWrapper's words
-    told_torch = False  # whether this worker swapped torch's get_worker_info (see NOTE above _tell_torch)
+    told_torch = False  # whether this worker swapped torch's get_worker_info (see minidl/_thread_workers.py)
     try:
         seed, rng = _seed_worker(base_seed, worker_id, options.worker_method)
         if _is_iter_datapipe(dataset):  # see the DataPipes block
-            if options.shared_seed is None:
+            if shared_seed is None:
                 raise AssertionError("shared_seed must be provided for IterDataPipe workers")  # torch's words
-            dataset = _apply_shared_seed(dataset, options.shared_seed)
+            dataset = _apply_shared_seed(dataset, shared_seed)
         info = WorkerInfo(worker_id, num_workers, seed, dataset, rng, options.worker_method)
         if in_thread:
             _thread_local.info = info
@@ -322,8 +249,10 @@ def _worker_loop(
         told_torch = _tell_torch(info)
 
         create_fetcher = _DatasetKind.create_fetcher
-        for layer in options.layers:  # minidl's layers (tracing, resume) wrap the queues and the fetcher factory
+        # >>> layer: shared by tracing and resume
+        for layer in options.layers:  # their worker sides wrap the queues and the fetcher factory
             index_queue, data_queue, create_fetcher = layer(worker_id, index_queue, data_queue, create_fetcher)
+        # <<< layer: shared
 
         # An error in worker_init_fn or building the fetcher is reported on the first task,
         # so it surfaces in the main process as a normal exception, not a dead worker.
@@ -387,40 +316,3 @@ def _worker_loop(
         # Don't wait at exit for the feeder thread to flush results nobody will read.
         data_queue.cancel_join_thread()
         data_queue.close()
-
-
-# --- thread workers -------------------------------------------------------------------------
-# The multi-worker iterator talks to a "context" that makes queues, events and workers. For
-# process workers that is a multiprocessing context; for thread workers it is this adapter, so
-# the same iterator and the same _worker_loop drive both.
-
-
-class _ThreadQueue(queue.Queue):
-    """A queue.Queue with the two multiprocessing.Queue methods the shutdown protocol calls."""
-
-    def cancel_join_thread(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class _WorkerThread(threading.Thread):
-    """A worker thread that answers the questions the iterator asks of a worker process."""
-
-    pid = None  # threads share the main process's pid
-    exitcode = None
-
-    def terminate(self) -> None:
-        pass  # a thread can't be killed from outside: it exits when it sees the sentinel
-
-
-class _ThreadContext:
-    """Stands in for a multiprocessing context when ``worker_method="thread"``."""
-
-    Queue = _ThreadQueue
-    Event = threading.Event
-
-    @staticmethod
-    def Process(target, args, name=None) -> _WorkerThread:  # noqa: N802 -- multiprocessing's spelling
-        return _WorkerThread(target=target, args=args, name=name)

@@ -16,33 +16,15 @@ Adding a suite (``loaders``, ``overhead``, ``gpu``, ``threads``, ...) takes two 
    records a CSV row), and ``session.savefig(fig, "<name>_<what>.png")`` for each plot made with
    ``minidl_bench.plot``. ``session.quick`` says whether to shrink sizes. A suite that times loaders
    first checks their batches against a reference loader's with ``minidl_bench.batches.check_first_batches``.
-2. Add one line to ``SUITES`` below. Suites are imported only when run, so a suite that needs torch
+2. Add one line to ``SUITES`` (in harness.py). Suites are imported only when run, so a suite that needs torch
    or Numba never breaks the others, and ``import minidl`` imports none of this package.
 """
 
 from __future__ import annotations
 
-import os
-
-from minidl_bench.harness import Session, Timing, format_seconds, time_it
+from minidl_bench.harness import SUITES, Session, Timing, format_seconds, is_quick, time_it
 from minidl_bench.machine import describe, machine_info, machine_tag
 from minidl_bench.timing import expect
-
-# Suite name -> module that defines run(session). Run in this order when none is named.
-SUITES: dict[str, str] = {
-    "kernels": "minidl_bench.kernels",
-    "loaders": "minidl_bench.loaders",
-    "overhead": "minidl_bench.overhead",
-    "gpu": "minidl_bench.gpu",
-    "threads": "minidl_bench.threads",
-    "pipeline": "minidl_bench.pipeline",
-}
-
-
-def is_quick() -> bool:
-    """True when ``MINIDL_QUICK`` is set (and not ``0``): tests, CI and nbval use small sizes."""
-    return os.environ.get("MINIDL_QUICK", "") not in ("", "0")
-
 
 __all__ = ["SUITES", "Session", "Timing", "describe", "expect", "format_seconds", "is_quick", "machine_info",
            "machine_tag", "time_it"]

@@ -25,6 +25,22 @@ COLUMNS = ("suite", "task", "size", "method", "workers", "median_s", "min_s", "m
            "first_s", "speedup", "note") + MACHINE_FIELDS
 
 
+# Suite name -> module that defines run(session). Run in this order when none is named.
+SUITES: dict[str, str] = {
+    "kernels": "minidl_bench.kernels",
+    "loaders": "minidl_bench.loaders",
+    "overhead": "minidl_bench.overhead",
+    "gpu": "minidl_bench.gpu",
+    "threads": "minidl_bench.threads",
+    "pipeline": "minidl_bench.pipeline",
+}
+
+
+def is_quick() -> bool:
+    """True when ``MINIDL_QUICK`` is set (and not ``0``): tests, CI and nbval use small sizes."""
+    return os.environ.get("MINIDL_QUICK", "") not in ("", "0")
+
+
 def missing(*modules: str) -> list[str]:
     """The optional packages among ``modules`` that are not installed (none of them is imported)."""
     return [m for m in modules if importlib.util.find_spec(m) is None]
@@ -169,7 +185,6 @@ class PlainBar:
 
 def run_suites(names: Sequence[str], quick: bool, out: Path) -> list[Row]:
     """Run the named suites in order; each writes ``<out>/<suite>.csv`` and its PNGs."""
-    from minidl_bench import SUITES
 
     out.mkdir(parents=True, exist_ok=True)
     all_rows: list[Row] = []
@@ -202,7 +217,6 @@ def run_suites(names: Sequence[str], quick: bool, out: Path) -> list[Row]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The command line: ``python -m minidl_bench [suite ...] [--quick] [--out DIR] [--list]``."""
-    from minidl_bench import SUITES, is_quick
 
     parser = argparse.ArgumentParser(
         prog="python -m minidl_bench",

@@ -130,7 +130,7 @@ def wraps_minidls_worker_loop(dataset, index_queue, result_queue, collate_fn):
     from minidl.worker import _worker_loop, _WorkerOptions
 
     _worker_loop(_DatasetKind.Map, dataset, index_queue, result_queue, threading.Event(), True, collate_fn, False, 0,
-                 None, 0, 1, False, _WorkerOptions(worker_method="thread"))
+                 None, 0, 1, False, None, _WorkerOptions(worker_method="thread"))
 
 
 def wraps_prefetch_loader(loader, mean, std):

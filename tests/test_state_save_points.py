@@ -1,6 +1,7 @@
-"""Issue 26: the resume bugs torchdata's suite and adversarial probing found, one regression test each.
+"""Saving at awkward points, and what a saved state keeps: after a `break`, between epochs, from another thread,
+between snapshots, before iterating; the dataset's, the iterator's and the samplers' own states.
 
-Each test failed before its fix; the oracle is the uninterrupted run (or torch, where torch has the behaviour).
+The oracle is the uninterrupted run (or torch, where torch has the behaviour).
 """
 
 from __future__ import annotations
