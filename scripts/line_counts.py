@@ -46,8 +46,6 @@ class Row:
     label: str | None = None
 
 
-THREADS = ("_forget_thread_worker_info", "_thread_aware_get_worker_info", "_tell_torch", "_untell_torch",
-           "_ThreadQueue", "_WorkerThread", "_ThreadContext")
 MP_ITER = "dataloader.py::_MultiProcessingDataLoaderIter"
 
 LOADER = (  # the loader, in the order to read it
@@ -58,10 +56,11 @@ LOADER = (  # the loader, in the order to read it
     Row("the pin-memory thread", ("pin_memory.py",), ("_utils/pin_memory.py",)),
 )
 LAYERS = (  # then minidl's layers: torch has no file for them
-    Row("layer: tracing", ("trace.py", "layer: tracing")),
+    Row("layer: tracing", ("trace.py", "trace_analysis.py", "layer: tracing"),
+        label="`trace.py`, `trace_analysis.py` + their marked blocks"),
     Row("layer: resume", ("state.py", "layer: resume")),
-    Row("layer: thread workers", tuple(f"worker.py::{name}" for name in THREADS),
-        label="`worker.py`: the thread adapter"),
+    Row("what tracing and resume share in the worker", ("layer: shared",), label="`worker.py`: its marked blocks"),
+    Row("layer: thread workers", ("_thread_workers.py",)),
     Row("layer: the CUDA-stream prefetcher", ("prefetch.py",)),
 )
 CALLED = (  # and what the loader calls, read beside chapters 02 and 03
