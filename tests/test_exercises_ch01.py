@@ -157,14 +157,16 @@ def _repeats_one_round(kernel, span, rounds):
 
 
 def _fake_timer(kernel, span, rounds):  # runs the work, but makes its numbers up
+    # x3.12 from two threads is more than the checker's 1.25x tolerance above any machine's real x2 at best, so
+    # the made-up figure is off the checker's clock everywhere (x1.88 matched an idle 2-core machine's truth).
     thread_speedups(kernel, span, rounds)
-    return [1.8812345] * rounds
+    return [3.1234567] * rounds
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("timer, hint", [
     (_repeats_one_round, r"(?s)ran the kernel on the halves of the span 4 times for 5 rounds.*time every round"),
-    (_fake_timer, r"(?s)round \d: your thread_speedups says x1.88, but the kernel's calls in that round give"),
+    (_fake_timer, r"(?s)round \d: your thread_speedups says x3.12, but the kernel's calls in that round give"),
 ])
 def test_ch01_timing_that_skips_rounds_or_makes_up_numbers_is_refused_on_the_checkers_clock(timer, hint):
     measured = ch01.measure(collatz_steps, timer)
