@@ -44,8 +44,9 @@ MP_TESTS := tests/test_worker.py tests/test_dataloader.py tests/test_torch_parit
 	tests/test_shutdown.py tests/test_state.py tests/test_state_out_of_order.py tests/test_state_resume_cases.py \
 	tests/test_pin_memory.py tests/test_datapipes.py
 
+# The randomized resume test draws 12 settings under fork (make unit) and 4 here, where every worker imports torch.
 unit-forkserver unit-spawn: unit-%: setup
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=$* $(PYTEST) $(MP_TESTS)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=$* MINIDL_RESUME_EXAMPLES=4 $(PYTEST) $(MP_TESTS)
 
 
 # Every notebook, run in a fresh kernel and compared with its committed outputs, in quick mode: under this
