@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from loadertools import alive_in_group
 
 from minidl_course import pitfalls, toy
 
@@ -227,28 +228,15 @@ def test_a_forked_child_blocks_on_a_lock_held_at_fork_time_and_a_spawned_one_doe
     assert spawn["result"] == {"method": "spawn", "hung": False, "exitcode": 0}
 
 
-def _alive_in_group(pgid: int) -> list[int]:
-    import psutil
-
-    alive = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc.pid)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return alive
-
-
 @pytest.mark.timeout(60)
 def test_run_child_kills_the_whole_group_when_it_overstays():
     # fork_lock with a 30 s wait runs past a 3 s limit; its own forked child must go too.
     run = pitfalls.run_child(["fork_lock", "fork", "30"], timeout=3)
     assert run["timed_out"] and run["result"] is None
     deadline = time.monotonic() + 5
-    while _alive_in_group(run["pid"]) and time.monotonic() < deadline:
+    while alive_in_group(run["pid"]) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _alive_in_group(run["pid"]) == []  # dead (a zombie at most, until init reaps it)
+    assert alive_in_group(run["pid"]) == []  # dead (a zombie at most, until init reaps it)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc/stat is Linux's")
