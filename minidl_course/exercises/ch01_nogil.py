@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from minidl_course.exercises._common import _Checks, call
-from minidl_course.exercises._measure import TYPED, as_number, close, measure_then_judge, off_the_clock, typed
+from minidl_course.exercises._measure import as_number, judge_figure, measure_then_judge, off_the_clock
 
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
 ROUNDS = 5
@@ -321,26 +321,19 @@ def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None 
                     "thread's time by two threads' time of the same round.")
     checks.passed += 1
     case = f"your speedup, {speedup!r}, against the rounds your cell timed"
-    number = as_number(speedup)
-    if number is None or number <= 0:
-        checks.fail(case, f"speedup should be a positive number, but it is {speedup!r}",
-                    "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).")
-    if typed(number):
-        checks.fail(case, f"{number} has at most three decimals", "2.0 is the ideal on 2 free cores, not what this "
-                    "machine gave: report what you measured." if number == 2 else TYPED)
     if not measured.yours:
         checks.fail(case, "one_thread and two_threads never ran your kernel in this notebook",
                     "in thread_speedups, time one_thread(kernel, 1, 1 + span) and two_threads(kernel, 1, 1 + span); "
                     "run it on your kernel and set speedup to the median of what it returned.")
-    medians = [statistics.median(measured.yours[-k:]) for k in range(min(3, len(measured.yours)),
-                                                                      len(measured.yours) + 1)]
-    if not any(close(number, m, SPEEDUP_FACTOR) for m in medians):
-        hint = ("set speedup from what your thread_speedups returned (the median of its rounds), not a number from "
-                "elsewhere; if you ran it again since, take the median of the new rounds.")
-        if any(close(1 / number, m, SPEEDUP_FACTOR) for m in medians) and number < 1:
-            hint = ("you divided the other way round: speedup = one thread's time / two threads' time, above 1 if "
-                    "threads help.")
-        checks.fail(case, "your notebook's rounds on your kernel, as one_thread and two_threads clocked them, were "
-                          + ", ".join(f"x{x:.2f}" for x in measured.yours[-8:]) + f": {number:.2f} is more than "
-                          f"{SPEEDUP_FACTOR}x from the median of the last 3 or more of them", hint)
-    checks.passed += 1
+    rounds = measured.yours
+    judge_figure(checks, case, "speedup", speedup,
+                 [statistics.median(rounds[-k:]) for k in range(min(3, len(rounds)), len(rounds) + 1)], SPEEDUP_FACTOR,
+                 "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).",
+                 "your notebook's rounds on your kernel, as one_thread and two_threads clocked them, were "
+                 + ", ".join(f"x{x:.2f}" for x in rounds[-8:]) + f": {speedup} is more than {SPEEDUP_FACTOR}x from "
+                 "the median of the last 3 or more of them",
+                 "set speedup from what your thread_speedups returned (the median of its rounds), not a number from "
+                 "elsewhere; if you ran it again since, take the median of the new rounds.",
+                 "you divided the other way round: speedup = one thread's time / two threads' time, above 1 if "
+                 "threads help.",
+                 {2.0: "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."})
