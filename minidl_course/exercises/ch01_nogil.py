@@ -25,7 +25,7 @@ from minidl_course.exercises._measure import as_number, judge_figure, measure_th
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
 ROUNDS = 5
 GIL_FREE_FRACTION = 0.2  # below this part of the kernel's run with a Python thread running, it held the GIL
-SPEEDUP_FACTOR = 1.1  # your speedup may be this far from the median of your latest rounds on the checker's clock
+SPEEDUP_FACTOR = 1.05  # your speedup may be this far from the median of your latest rounds on the checker's clock
 STANDIN_SECONDS = 0.05  # how long each half of a stand-in kernel sleeps, when a timing function is checked
 STANDIN_ROUNDS = 3
 
