@@ -191,6 +191,11 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
         swapped = dict(zip(METHODS, METHODS[::-1]))
         if all(0.8 * STANDIN_SECONDS[swapped[m]] <= medians[m] <= 2 * STANDIN_SECONDS[swapped[m]] for m in METHODS):
             hint = "your times are under the wrong method: keep each epoch's time under the method that ran it."
+        elif all(0.8 * STANDIN_SECONDS[m] <= medians[m] / 1000 <= 2 * STANDIN_SECONDS[m] for m in METHODS):
+            hint = "your times are in milliseconds: return seconds, the difference of two time.perf_counter() calls."
+        elif all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:])):
+            hint = ("each time includes the rounds before it: read time.perf_counter() again just before each "
+                    "run_epoch call, not once at the start.")
         checks.fail(case, "your medians are " + ", ".join(f"{m} {medians[m] * 1e3:.0f} ms" for m in METHODS), hint)
     problem = _off_the_clock("the stand-in", seconds, watch)
     if problem:
