@@ -159,6 +159,8 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
             hint = "stamp the time when each batch arrives, and divide by the number of batches after the first."
             if abs(number - 1 / every) < 1 / every * 0.4:
                 hint = "that looks like batches per second: return seconds per batch."
+            elif abs(number / 1000 - every) < every * 0.4:
+                hint = "that looks like milliseconds: return seconds per batch."
             elif start and number >= (start + batches * every) / batches * 0.8:
                 hint = ("you included the wait for the first batch (worker start): start the clock when the first "
                         "batch arrives.")

@@ -422,6 +422,9 @@ def check_timer(time_epoch: Any, checks: _Checks, clock: Callable[[], float] = t
     if seconds is None or seconds <= 0:
         checks.fail(case, f"should return the epoch's seconds, a positive number, but it returned {got!r}",
                     "return time.perf_counter() - start, taken around sweep_epoch(w, dataset).")
+    if took > 0.01 and 0.5 * took <= seconds / 1000 <= took * 1.05:
+        checks.fail(case, f"returned {seconds:.3f}, but the call took {took:.3f} s",
+                    "that looks like milliseconds: return seconds, time.perf_counter() after minus before.")
     if not 0.5 * took <= seconds <= took * 1.05 + 1e-3:
         checks.fail(case, f"returned {seconds:.3f} s, but the call took {took:.3f} s",
                     "time the epoch you run: read time.perf_counter() just before sweep_epoch(w, dataset) and "
