@@ -1,10 +1,8 @@
 """Checker for exercise ch07: what page-locking a fresh buffer for every batch costs, measured without a GPU.
 
-``pin_memory()`` copies a batch into page-locked memory. The learner writes ``pin_copy(batch, lock_pages)``: a
-fresh buffer, locked with ``lock_pages`` (``mlock``, the operating system's half of pinning), the batch copied
-into it. They time it against a plain copy into a buffer reused from the previous batch, report the ratio and
-say whether reusing pinned buffers (what torch's caching host allocator does) pays. The checker checks that the
-copy is right and really locked, re-measures the ratio and compares.
+The learner's ``pin_copy(batch, lock_pages)`` copies a batch into a fresh buffer locked with ``lock_pages``
+(``mlock``); the checker checks the copy is right and locked, re-measures it against a copy into a reused buffer,
+and holds the reported ratio and ``reuse_pays`` to that.
 """
 
 from __future__ import annotations

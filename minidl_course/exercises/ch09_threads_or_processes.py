@@ -1,13 +1,8 @@
 """Checker for exercise ch09: threads or processes, for two workloads, decided by measuring.
 
-Two datasets: ``PythonLoopDataset``, whose items are a pure-Python loop, and ``SleepNumpyDataset``, whose items
-wait (a ``time.sleep`` standing in for reading a file) and then make a NumPy array. The learner writes
-``time_methods(run_epoch, rounds)``, which times ``run_epoch("multiprocessing")`` and ``run_epoch("thread")`` in
-interleaved rounds, and says which method is faster for each workload. The checker checks the timing function on
-a stand-in whose epoch times it knows, then runs it on one epoch of a ``minidl.DataLoader`` with two workers over
-each dataset, and holds the answer to what it measures: it accepts either answer where the two are within
-``BAND`` of each other, in the median or in any one of the rounds (a busy machine's rounds disagree; an idle
-machine's don't).
+The learner's ``time_methods(run_epoch, rounds)`` is checked on a stand-in whose epoch times are known, then run on
+an epoch of each workload (a pure-Python loop; a sleep then NumPy), each call on the checker's clock. Either
+answer is accepted where the two methods are within ``BAND`` of each other, in the median or in any round.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Checker for exercise ch10: what minidl's DataLoader costs per batch next to torch's, as a median of ratios.
 
-The learner writes ``per_batch_seconds(loader)``: one epoch, timed from the first batch's arrival to the last's,
-divided by the batches in between (so worker start and shutdown are left out). They time minidl's and torch's
-loader over a dataset that returns its index (the loaders' own cost, nothing else) in interleaved rounds and
-report the median of the per-round ratios minidl / torch. The checker checks the timing function on loaders
-whose timing it knows (``PacedLoader``), then runs it itself on both loaders in rounds of its own and holds the
-reported ratio to the range those rounds span.
+The learner's ``per_batch_seconds(loader)`` is checked on loaders whose timing is known (``PacedLoader``), then run
+by the checker on both loaders in rounds, each figure held to the checker's clock; the reported ratio is held to
+the median of those rounds.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Checker for exercise ch11: vectorise a transform over the batch, or add workers? Decided with numbers.
 
-``per_sample_transform`` turns one uint8 ``(H, W, 3)`` image into a normalised float32 ``(3, H, W)`` array, row
-by row: many small NumPy calls, so most of its time is Python's. The learner writes ``transform_batch``, the
-same for a whole ``(B, H, W, 3)`` batch in a few whole-array operations, then times an epoch both ways: the
-per-sample transform in a dataset read by one worker process per core, and the raw images read with no workers and
-``transform_batch`` applied to each batch. They report both times and choose. The checker checks the batch
-transform (same values, and really vectorised), re-measures both epochs and compares.
+The learner's ``transform_batch`` must give ``per_sample_transform``'s values for a whole batch in a few whole-array
+operations; the checker re-measures an epoch both ways (workers running the per-sample transform, or the batch
+transform with none) and holds the reported times and choice to it.
 """
 
 from __future__ import annotations
