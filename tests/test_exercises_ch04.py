@@ -74,7 +74,26 @@ def returns_the_row(loader):
     return max((r for r in loader.trace.rows() if r["event"] == "getitem"), key=_duration)
 
 
+def off_by_one(loader):
+    for _ in loader:
+        pass
+    return int(max((r for r in loader.trace.rows() if r["event"] == "getitem"), key=_duration)["index"]) + 1
+
+
+def the_fastest(loader):
+    for _ in loader:
+        pass
+    return int(min((r for r in loader.trace.rows() if r["event"] == "getitem"), key=_duration)["index"])
+
+
+def reads_the_trace_before_iterating(loader):  # max() of no rows: a ValueError from the learner's own code
+    return int(max((r for r in loader.trace.rows() if r["event"] == "getitem"), key=_duration)["index"])
+
+
 @pytest.mark.parametrize("wrong, message", [
+    (off_by_one, r"said sample 18.*off by one"),
+    (the_fastest, r"that is the fastest sample"),
+    (reads_the_trace_before_iterating, r"trace still empty.*iterate over the loader"),
     (reads_the_dataset, r"read the dataset's 'slow_index'.*find it there, by measuring"),
     (slowest_batch, r"said sample 4, but I timed each of the 24 samples myself: sample 17 took \d+ ms.*number of "
                     r"the batch"),

@@ -150,3 +150,27 @@ def _times_one_round(run_epoch, rounds):
 def test_ch09_a_timer_that_runs_nothing_or_makes_up_its_numbers_is_refused(timer, hint):
     rejects_with_hint(ch09.check_choice, timer, {"python_loop": "multiprocessing", "sleep_numpy": "thread"},
                       measure=lambda f: ch09.measure(f, runs=THREADS_WIN), hint=hint)
+
+
+# --- issue 33, item 3: more of the same families -------------------------------------------------------------
+
+
+def _in_milliseconds(run_epoch, rounds):
+    return {m: [t * 1000 for t in ts] for m, ts in time_methods(run_epoch, rounds).items()}
+
+
+def _never_restarts_the_clock(run_epoch, rounds):
+    seconds, start = {m: [] for m in ch09.METHODS}, time.perf_counter()
+    for _ in range(rounds):
+        for method in ch09.METHODS:
+            run_epoch(method)
+            seconds[method].append(time.perf_counter() - start)
+    return seconds
+
+
+@pytest.mark.parametrize("timer, hint", [
+    (_in_milliseconds, "in milliseconds: return seconds"),
+    (_never_restarts_the_clock, "includes the rounds before it"),
+])
+def test_ch09_a_timer_in_the_wrong_unit_or_never_restarted_is_named_on_the_stand_in(timer, hint):
+    rejects_with_hint(ch09.check_timer, timer, ch09._Checks(), hint=hint)

@@ -126,3 +126,10 @@ def _times_nothing(loader):
 ])
 def test_ch10_a_timer_that_returns_a_constant_is_refused_on_the_checkers_clock(timer, hint):
     rejects_with_hint(ch10.check_overhead, timer, 1.0000001, hint=hint)
+
+
+def test_ch10_a_timer_in_milliseconds_is_named():
+    def in_ms(loader):
+        return per_batch_seconds(loader) * 1000
+
+    rejects_with_hint(ch10.check_timer, in_ms, ch10._Checks(), hint="milliseconds")

@@ -99,3 +99,8 @@ def test_ch11_times_are_held_to_the_median_of_the_rounds_not_their_range():
     spread = ch11.Measured([1.0, 1.0, 1.0], [0.1, 0.1, 0.01], 30.0)  # median x10, range x10 to x100
     rejects_with_hint(ch11.judge, {"workers": 0.5012345, "vectorised": 0.0050123}, "vectorise", spread,
                       hint="interleaved rounds")
+
+
+def test_ch11_times_in_milliseconds_are_named_even_when_their_ratio_is_right():
+    rejects_with_hint(ch11.judge, {"workers": 251.2345, "vectorised": 10.1234}, "vectorise", ch11_measured(),
+                      hint="milliseconds")

@@ -251,3 +251,12 @@ def test_ch12_num_workers_a_timer_off_the_checkers_clock_is_refused(sweep, timer
 def test_ch12_num_workers_an_honest_timer_agrees_with_the_checkers_clock(sweep):
     measured = ch12.measure_sweep(paced_timer(), rounds=2)
     assert measured.problem == ""
+
+
+def test_ch12_a_time_epoch_in_milliseconds_is_named():
+    def in_ms(w):
+        start = time.perf_counter()
+        ch12.sweep_epoch(w, ch12.DecodeDataset(n=8))
+        return (time.perf_counter() - start) * 1000
+
+    rejects_with_hint(ch12.check_timer, in_ms, ch12._Checks(), hint="milliseconds")

@@ -1,12 +1,9 @@
 """Checkers for the exercise notebooks in ``notebooks/exercises/``, one module per exercise, named after it.
 
-A checker runs the learner's answer on many seeded cases and stops at the first that is wrong, raising
-AssertionError saying which case, what was expected, what came back and the likely cause; when every case
-passes it prints ``All N checks passed``. Expected values come from torch, from the spec, or from the
-checker's own measurement, never from a reference answer: those live in the solution notebooks (and, for
-the tests, in the repository's ``tests/reference_answers/``, which is not installed and which nothing here
-imports). An answer imported from there is refused in one line (``ReferenceAnswer``). Needs torch when a check
-runs.
+A checker runs the learner's answer on seeded cases and stops at the first wrong one with AssertionError: the case,
+what was expected, what came back, and a hint. Expected values come from torch, the spec or the checker's own
+measurement, never from a reference answer (``tests/reference_answers/``, not installed; one imported from there is
+refused). Needs torch when a check runs.
 """
 
 from minidl_course.exercises._common import ReferenceAnswer, YourTurn, first_difference
@@ -26,33 +23,10 @@ from minidl_course.exercises.ch11_vectorise_or_workers import check_decision
 from minidl_course.exercises.ch12_pitfalls_debug import check_no_hang, check_no_leak, check_num_workers
 
 __all__ = [
-    "Arrivals",
-    "AugmentedDataset",
-    "RecordingLoader",
-    "ReferenceAnswer",
-    "SlowSampleDataset",
-    "YourTurn",
-    "call_as_worker",
-    "check_choice",
-    "check_collate",
-    "check_decision",
-    "check_no_hang",
-    "check_no_leak",
-    "check_nogil",
-    "check_num_workers",
-    "check_overhead",
-    "check_pin_copy",
-    "check_prefetcher",
-    "check_reorder",
-    "check_sampler",
-    "check_slow_sample",
-    "check_worker_init_fn",
-    "check_worker_loop",
-    "check_worker_seeding",
-    "first_difference",
-    "make_image_batches",
-    "make_token_samples",
-    "range_stream",
-    "run_worker_processes",
+    "Arrivals", "AugmentedDataset", "RecordingLoader", "ReferenceAnswer", "SlowSampleDataset", "YourTurn",
+    "call_as_worker", "check_choice", "check_collate", "check_decision", "check_no_hang", "check_no_leak",
+    "check_nogil", "check_num_workers", "check_overhead", "check_pin_copy", "check_prefetcher", "check_reorder",
+    "check_sampler", "check_slow_sample", "check_worker_init_fn", "check_worker_loop", "check_worker_seeding",
+    "first_difference", "make_image_batches", "make_token_samples", "range_stream", "run_worker_processes",
     "slow_loader",
 ]

@@ -1,10 +1,5 @@
-"""What every exercise checker shares: comparing two batches leaf by leaf, and counting checks.
-
-A checker stops at the first case where the learner's answer and the expected one disagree, and raises
-AssertionError saying which case, what was expected, what came back and the likely cause. Expected values
-come from torch or from the spec, never from a reference answer (those live in the repository's
-``tests/reference_answers/``, outside the installed package, and no checker imports them); ``refuse_reference``
-turns away an answer imported from there, and ``Tripwire`` one that hands the work to the library's own version.
+"""What every checker shares: comparing batches, counting checks, calling the learner's code, refusing a
+reference answer or one that hands the work to the library.
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from minidl.dataloader import DataLoader
 
 
 def _torch():
-    import torch  # imported when a check runs: `import minidl_course.exercises` itself needs only NumPy
+    import torch  # only when a check runs: importing the checkers needs NumPy alone
 
     return torch
 
@@ -31,10 +26,8 @@ def _torch():
 
 
 def first_difference(expected: Any, got: Any, where: str = "batch") -> str | None:
-    """Where ``got`` first differs from ``expected`` (type, keys, length, dtype, shape, value), in words.
-
-    Returns None when they are equal, leaf by leaf. Tensors and arrays must agree in dtype and shape;
-    dicts must have the same keys, in any order.
+    """Where ``got`` first differs from ``expected`` (type, keys, length, dtype, shape, value), in words; None if
+    they are equal. Dict keys may come in any order.
 
     >>> first_difference({"x": [1, 2]}, {"x": [1, 3]})
     "batch['x'][1] should be 2, but it is 3"
@@ -89,7 +82,7 @@ def _loaders() -> tuple[tuple[str, type], ...]:
 
 
 class _Checks:
-    """Counts the checks that passed; ``fail`` raises the first mismatch with its case and a hint."""
+    """Counts the checks passed; ``fail`` raises the first mismatch with its case and a hint."""
 
     def __init__(self) -> None:
         self.passed = 0
@@ -109,12 +102,8 @@ class _Checks:
 
 @contextmanager
 def yours(what: str, case: str, explain: Callable[[Exception], None] | None = None) -> Iterator[None]:
-    """The one way a checker runs learner code: an exception it raises goes on, noted with what raised it and
-    for which case; ``explain(e)``, if given, may first turn a known mistake into a hint (``checks.fail``).
-
-    >>> with yours("collate function", "an empty batch"):
-    ...     pass
-    """
+    """The one way a checker runs learner code: an exception from it goes on with a note saying what raised it,
+    for which case; ``explain(e)`` may first turn a known mistake into a hint."""
     try:
         yield
     except Exception as e:
@@ -126,7 +115,7 @@ def yours(what: str, case: str, explain: Callable[[Exception], None] | None = No
 
 def call(fn: Callable[..., Any], *args: Any, what: str, case: str,
          explain: Callable[[Exception], None] | None = None, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` run as ``yours(what, case, explain)`` runs it."""
+    """``fn(*args, **kwargs)`` inside ``yours(what, case, explain)``."""
     with yours(what, case, explain):
         return fn(*args, **kwargs)
 
@@ -135,12 +124,8 @@ def call(fn: Callable[..., Any], *args: Any, what: str, case: str,
 
 
 class YourTurn(Exception):
-    """Raised by an exercise cell that is still to be written. Every exercise raises the same one line;
-    the ``# YOUR CODE HERE`` comment in the cell says what to write.
-
-    In a notebook it shows as that line, not a traceback: IPython calls ``_render_traceback_``. Raised in a
-    DataLoader worker, it comes back wrapped with the worker's traceback; the line shown is still the message.
-    The notebooks tag these cells ``raises-exception``, so Run All goes on past them.
+    """Raised by an exercise cell not written yet. IPython shows it as one line (``_render_traceback_``); cells
+    that raise it are tagged ``raises-exception`` so Run All goes on.
 
     >>> YourTurn()._render_traceback_()
     ['YourTurn: your turn: write the code marked YOUR CODE HERE, then run this cell again']
@@ -149,7 +134,6 @@ class YourTurn(Exception):
     MESSAGE = "your turn: write the code marked YOUR CODE HERE, then run this cell again"
 
     def __init__(self, worker_report: str | None = None) -> None:
-        # A DataLoader re-raises a worker's exception as ``YourTurn(report)``, the report holding its traceback.
         super().__init__(worker_report or self.MESSAGE)
 
     def _render_traceback_(self) -> list[str]:
@@ -159,13 +143,11 @@ class YourTurn(Exception):
 
 # --- refusing an imported reference answer ----------------------------------------------------------
 
-# Where the reference answers live: tests/reference_answers/ in the repository (never installed), and the
-# package they were in before (an old checkout may still have it).
-REFERENCE_MODULES = ("reference_answers", "minidl_course.solutions")
+REFERENCE_MODULES = ("reference_answers", "minidl_course.solutions")  # tests/reference_answers/; the old package
 
 
 class ReferenceAnswer(AssertionError):
-    """An answer imported from the reference answers: shown as one line in a notebook, not a traceback.
+    """An answer imported from the reference answers, shown as one line.
 
     >>> ReferenceAnswer("reorder comes from reference_answers.ch05_reorder")._render_traceback_()
     ['ReferenceAnswer: reorder comes from reference_answers.ch05_reorder']
@@ -176,7 +158,7 @@ class ReferenceAnswer(AssertionError):
 
 
 def _reference_module(answer: Any) -> str | None:
-    """The reference-answer module ``answer`` (or, for a class, one of its bases) was defined in, if any."""
+    """The reference-answer module ``answer`` (or a base class) was defined in, if any."""
     for obj in getattr(answer, "__mro__", (answer,)):
         module = getattr(obj, "__module__", None)
         if isinstance(module, str) and any(module == ref or module.startswith(ref + ".") for ref in REFERENCE_MODULES):
@@ -185,12 +167,8 @@ def _reference_module(answer: Any) -> str | None:
 
 
 def refuse_reference(*answers: Any) -> None:
-    """Raise ReferenceAnswer, in one line, when an answer was imported from the reference answers.
-
-    It goes by the module a function or class says it was defined in: an answer typed (or pasted) into a
-    notebook cell, or into a file of the learner's own, is judged on what it does. A function of one's own that
-    only calls the imported answer is not caught here (nor is a dict of settings, ch12's ``LOADER_KWARGS``).
-    """
+    """Raise ReferenceAnswer when an answer was defined in the reference answers. An answer typed into a cell is
+    judged on what it does."""
     for answer in answers:
         module = _reference_module(answer)
         if module is not None:
@@ -204,39 +182,18 @@ def refuse_reference(*answers: Any) -> None:
 
 def codes_of(*targets: Any) -> list[CodeType]:
     """The code objects of functions, and of every method a class defines itself."""
-    codes = []
-    for target in targets:
-        if isinstance(target, type):
-            for value in vars(target).values():
-                fn = getattr(value, "__func__", value)  # staticmethod/classmethod hold the function
-                if hasattr(fn, "__code__"):
-                    codes.append(fn.__code__)
-        else:
-            codes.append(target.__code__)
-    return codes
+    fns = [getattr(v, "__func__", v) for t in targets for v in (vars(t).values() if isinstance(t, type) else [t])]
+    return [fn.__code__ for fn in fns if hasattr(fn, "__code__")]
 
 
 class Tripwire:
-    """Notes, while active, every call of the given code objects: catches an answer that wraps the library.
-
-    A profile hook sees each call whatever name the learner imported the function or class under, so a
-    solution that only wraps the library's own implementation is caught however it reached it.
-
-    What it sees: calls of the watched Python code in this process while it is active, in this thread, in
-    threads started while it is active and, on Python 3.12+ (``threading.setprofile_all_threads``), in threads
-    that were already running. What it cannot see:
-
-    - threads already running when it starts, on Python 3.11 (no way to reach them there);
-    - other processes: a forked or spawned worker does not inherit the hook (the checkers run the learner's
-      code in this process, or in threads, for that reason);
-    - a copy of the library's code (its source pasted into a cell, then run): only the library's own code
-      objects are watched; and work done in C or compiled code (NumPy, torch's C++ kernels, Numba).
-
-    It clears itself on exit, also when the block raised: the hooks it replaced are put back, and a thread it
-    reached that is still running takes the hook off itself at its next call.
+    """While active, notes every call of the watched code objects, whatever name the learner reached them by: it
+    catches an answer that only wraps the library. It cannot see other processes (the checkers run the learner's
+    code here or in threads), a copy of the library's code pasted into a cell, compiled code, nor
+    threads already running when it starts, on Python 3.11. On exit it puts back the hooks it replaced.
 
     >>> from minidl.sampler import BatchSampler
-    >>> with Tripwire({code: "BatchSampler" for code in codes_of(BatchSampler)}) as wire:
+    >>> with Tripwire(watch({"BatchSampler": (BatchSampler,)})) as wire:
     ...     _ = list(BatchSampler(range(4), 2, False))
     >>> wire.hits, sys.getprofile() is None
     (['BatchSampler'], True)
@@ -248,7 +205,7 @@ class Tripwire:
         self.active = False
 
     def _profile(self, frame, event: str, arg: Any) -> None:
-        if not self.active:  # a thread still running after __exit__: put back what threads had before
+        if not self.active:  # a thread still running after __exit__
             sys.setprofile(self._saved[1])
             return
         if event == "call":
@@ -278,15 +235,12 @@ class Tripwire:
 
 
 def watch(label_targets: dict[str, tuple[Any, ...]]) -> dict[CodeType, str]:
-    """``{"minidl's BatchSampler": (BatchSampler,), ...}`` as the ``{code: label}`` a Tripwire watches."""
+    """``{label: (functions or classes)}`` as the ``{code: label}`` a Tripwire watches."""
     return {code: label for label, targets in label_targets.items() for code in codes_of(*targets)}
 
 
 def run_watched(wire: Tripwire, run: Callable[[], Any], on_hit: Callable[[str], None]) -> Any:
-    """``run()`` with ``wire`` active; if it hit the wire, ``on_hit(what)`` decides, whatever ``run`` raised.
-
-    Delegation is reported first: a wrapped library call that also gets something wrong is still a wrapper.
-    """
+    """``run()`` with ``wire`` active; a hit goes to ``on_hit`` first, whatever ``run`` raised."""
     try:
         with wire:
             result = run()

@@ -1,12 +1,9 @@
-"""What the measuring exercises (ch01, ch07, ch09, ch10, ch11, ch12) share: one rhythm, interleaved rounds, and
-tolerant comparison.
+"""What the measuring checkers (ch01, ch07, ch09-ch12) share: one rhythm, interleaved rounds, the checker's clock
+around the learner's timing code, and one way to judge a reported figure.
 
-Every measuring checker has the rhythm of ``measure_then_judge``: check the answer is right before anything is
-timed, measure, print what was measured, judge from the measurement alone. A measuring checker never trusts one
-timing: it runs the things it compares in rotating rounds (a, b, then b, a,
-...) so that a burst of load on a busy machine hits both, and it compares medians of per-round ratios. Its
-verdict comes from a pure function of the learner's answer and the measurement, so tests can feed it fixed
-numbers; the measurement itself is passed in (``measure=``) or made by the checker.
+A measuring checker never trusts one timing or a number handed to it: it runs what it compares in rotating rounds,
+so a burst of load hits both sides, compares medians of per-round ratios, and holds each figure the learner's code
+gives to the checker's own clock on the same call.
 """
 
 from __future__ import annotations
@@ -24,16 +21,9 @@ M = TypeVar("M")
 
 def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], None], measure: Callable[[], M],
                        report: Callable[[M], str], judge: Callable[[M, _Checks], None]) -> M:
-    """The measuring checkers' one rhythm; returns the measurement.
-
-    1. refuse an answer imported from the reference answers (``refuse_reference``);
-    2. ``check_first(checks)``: the answer's values, before anything is timed (a wrong answer is never timed);
-    3. ``measure()``: the checker's own measurement (a test or a notebook can pass fixed numbers instead);
-    4. print ``report(measured)``, so the learner sees what the verdict rests on;
-    5. ``judge(measured, checks)``: the verdict, a pure function of the answer and the measurement;
-    6. print ``All N checks passed``.
-    Each step raises AssertionError at the first problem, with a hint.
-    """
+    """The one rhythm: refuse a reference answer; check the answer's values before anything is timed; measure
+    (a test may pass fixed numbers); print what was measured; judge from the answer and the measurement alone;
+    print ``All N checks passed``. Returns the measurement."""
     refuse_reference(*answers)
     checks = _Checks()
     check_first(checks)
@@ -46,9 +36,7 @@ def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], 
 
 def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True,
                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Seconds per call of each function, ``rounds`` times, the order rotating each round; one untimed warm-up.
-
-    ``clock`` reads the time (``time.perf_counter``; a test passes a scripted one).
+    """Seconds per call of each function, ``rounds`` times, the order rotating each round, after one warm-up call.
 
     >>> times = interleaved({"a": lambda: None, "b": lambda: None}, rounds=3)
     >>> sorted(times), [len(v) for v in times.values()]
@@ -97,8 +85,7 @@ def close(reported: float, measured: float, factor: float) -> bool:
 
 
 def typed(value: float) -> bool:
-    """True when ``value`` has at most three decimals (1.9, 46.6, 2.0): typed in or rounded, never a ratio of two
-    clock readings as computed (those have fifteen significant digits).
+    """True when ``value`` has at most three decimals: typed in or rounded, never a ratio of clock readings.
 
     >>> typed(1.9), typed(2.0), typed(1.8834521977), typed(0.6 / 0.31)
     (True, True, False, False)
@@ -110,11 +97,25 @@ TYPED = ("report the number your code computed, unrounded (a number typed in, or
          "guess): e.g. speedup = statistics.median(rounds).")
 
 
+def judge_figure(checks: _Checks, case: str, name: str, value: Any, targets: Sequence[float], factor: float,
+                 how: str, off: str, hint: str, other_way: str, guesses: Mapping[float, str] | None = None) -> None:
+    """The one verdict on a reported figure: a positive number (else ``how``), as code computes it (a typed or
+    rounded one gets ``guesses[value]`` or ``TYPED``), within ``factor`` of one of ``targets`` (else ``off``, with
+    ``other_way`` when its inverse fits, ``hint`` otherwise)."""
+    number = as_number(value)
+    if number is None or number <= 0:
+        checks.fail(case, f"{name} should be a positive number, but it is {value!r}", how)
+    if typed(number):
+        checks.fail(case, f"{number} has at most three decimals", (guesses or {}).get(number, TYPED))
+    if not any(close(number, t, factor) for t in targets):
+        flipped = any(close(1 / number, t, factor) for t in targets)
+        checks.fail(case, off, other_way if flipped else hint)
+    checks.passed += 1
+
+
 class Stopwatch:
-    """Wraps what the checker hands to the learner's timing code, and times each call with the checker's clock:
-    ``calls`` holds ``(args, seconds)`` in call order. The learner's figures are then held to these, call by call
-    (``off_the_clock``): a fake timer, a repeated round or a typed-in time can't match them, and a busy moment
-    slows both alike."""
+    """Wraps what the checker hands to the learner's timing code and times each call on the checker's clock:
+    ``calls`` holds ``(args, seconds)``, for ``off_the_clock`` to hold the learner's figures to."""
 
     def __init__(self, fn: Callable[..., Any], clock: Callable[[], float] = time.perf_counter) -> None:
         self.fn, self.clock, self.calls = fn, clock, []
@@ -133,9 +134,8 @@ class Stopwatch:
 
 def off_the_clock(yours: Sequence[float], ours: Sequence[float], factor: float = 1.25,
                   slack: float = 2e-3) -> int | None:
-    """The first round whose time from the learner's code is not the checker's time of the same call (within
-    ``factor`` and ``slack`` seconds), matching the last ``len(yours)`` calls; None when all agree. A round
-    with no call behind it disagrees.
+    """The first of the learner's times that is not the checker's time of the same call (the last ``len(yours)``),
+    within ``factor`` and ``slack`` seconds; None when all agree. A time with no call behind it disagrees.
 
     >>> off_the_clock([0.10, 0.21], [0.5, 0.1, 0.2]), off_the_clock([0.1, 0.1], [0.1, 0.3]), off_the_clock([1.0], [])
     (None, 1, 0)
@@ -148,18 +148,13 @@ def off_the_clock(yours: Sequence[float], ours: Sequence[float], factor: float =
 
 
 def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:
-    """``measure()``, and once more if ``agree`` says the first disagrees: a burst of load that flipped the first
-    rarely flips both. Returns the one that agrees, else the second."""
+    """``measure()``, and once more if ``agree`` says no: a burst of load rarely flips both."""
     first = measure()
     return first if agree(first) else measure()
 
 
 def agrees(reported: float, per_round: Sequence[float], factor: float) -> bool:
-    """True when ``reported`` lies within a factor ``factor`` of the range the checker's own rounds spanned.
-
-    On a quiet machine the rounds agree and this is ``close(reported, median, factor)``; on a busy one they
-    spread, and so does what an honest measurement can give: a learner's figure is judged against the range
-    the checker itself saw, not against one number a busy machine happened to give it.
+    """True when ``reported`` lies within ``factor`` of the range the checker's rounds spanned.
 
     >>> agrees(1.3, [0.95, 0.97, 0.96], 1.3), agrees(1.3, [0.95, 1.05, 1.4], 1.3)
     (False, True)

@@ -98,9 +98,9 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
         dataset = loader.dataset
         case = (f"a traced DataLoader over {n} samples, batch_size={batch_size}, num_workers={workers}, "
                 f"shuffle={shuffle}")
-        def empty_trace(e: Exception, case: str = case) -> None:
-            if isinstance(e, ValueError) and "trace is empty" in str(e):
-                checks.fail(case, f"diagnose() raised ValueError: {e}",
+        def empty_trace(e: Exception, case: str = case, loader: DataLoader = loader) -> None:
+            if isinstance(e, ValueError) and ("trace is empty" in str(e) or not loader.trace.rows()):
+                checks.fail(case, f"your function raised ValueError: {e}, with the trace still empty",
                             "the trace fills as the loader runs: iterate over the loader (one epoch) first, then read "
                             "loader.trace.")
 
@@ -148,5 +148,11 @@ def _wrong_answer_hint(loader: DataLoader, answer, slowest: int, batch_size: int
         if answer == position:
             return ("this loader shuffles: a sample's place in the epoch is not its index. Read the index the getitem "
                     "row carries, row['index'].")
+    near = [hint for applies, hint in (
+        (answer in (slowest - 1, slowest + 1), "off by one: return row['index'] as the trace has it (0-based)."),
+        (getitems and answer == min(getitems, key=lambda r: r["end"] - r["start"]).get("index"),
+         "that is the fastest sample: take the getitem row with the longest end - start (max, not min).")) if applies]
+    if near:
+        return " Or: ".join(near)
     return ("look at the getitem rows of loader.trace.rows(): the one with the longest end - start is the slow "
             "sample, and row['index'] is its index.")

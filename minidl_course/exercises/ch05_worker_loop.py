@@ -28,6 +28,7 @@ from minidl_course.exercises._common import (
     refuse_reference,
     run_watched,
     watch,
+    yours,
 )
 from minidl_course.exercises.ch03_collate import expected_collate, make_token_samples
 
@@ -227,8 +228,8 @@ def _explain_crash(raised: BaseException, results, expected, tasks, case, checks
                           f"or collate raises {exc}",
                     "a worker must survive a bad sample: wrap fetch + collate in try/except Exception, and put "
                     "(task_idx, ExceptionWrapper(where='in a worker')) for the main process to raise.")
-    raised.add_note(f"(raised by your worker loop after {k} answers, for {case})")
-    raise raised
+    with yours(f"worker loop after {k} answers", case):
+        raise raised
 
 
 def _compare_result(k, want, got, tasks, dataset, collate_fn, case, checks: _Checks) -> None:

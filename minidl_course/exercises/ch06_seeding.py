@@ -1,9 +1,7 @@
-"""Checker for ch06_seeding: a loader whose workers all draw the same random numbers, and the fix (notebook 06).
+"""Checker for ch06_seeding: workers that all draw the same random numbers, and the fix (notebook 06).
 
-``AugmentedDataset`` makes its NumPy generator in ``__init__``, so every worker starts from a copy of the same
-state and draws the same "random" augmentations. The learner's ``worker_init_fn`` reseeds each worker's copy.
-The checker calls it as workers of two epochs would, then runs it in minidl's and torch's DataLoaders and looks
-for draws that repeat across workers, across epochs, and between two runs with the same seed.
+The learner's ``worker_init_fn`` reseeds each worker's copy of ``AugmentedDataset``; the checker calls it as
+workers of two epochs would, then in minidl's and torch's DataLoaders, and looks for draws that repeat.
 """
 
 from __future__ import annotations

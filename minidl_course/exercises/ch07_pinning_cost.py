@@ -1,10 +1,8 @@
 """Checker for exercise ch07: what page-locking a fresh buffer for every batch costs, measured without a GPU.
 
-``pin_memory()`` copies a batch into page-locked memory. The learner writes ``pin_copy(batch, lock_pages)``: a
-fresh buffer, locked with ``lock_pages`` (``mlock``, the operating system's half of pinning), the batch copied
-into it. They time it against a plain copy into a buffer reused from the previous batch, report the ratio and
-say whether reusing pinned buffers (what torch's caching host allocator does) pays. The checker checks that the
-copy is right and really locked, re-measures the ratio and compares.
+The learner's ``pin_copy(batch, lock_pages)`` copies a batch into a fresh buffer locked with ``lock_pages``
+(``mlock``); the checker checks the copy is right and locked, re-measures it against a copy into a reused buffer,
+and holds the reported ratio and ``reuse_pays`` to that.
 """
 
 from __future__ import annotations
@@ -19,14 +17,13 @@ import numpy as np
 from minidl_course import pinning_demo
 from minidl_course.exercises._common import _Checks, call
 from minidl_course.exercises._measure import (
-    TYPED,
     as_number,
     close,
     interleaved,
+    judge_figure,
     measure_then_judge,
     median_ratio,
     twice,
-    typed,
 )
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
@@ -157,20 +154,13 @@ def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | Non
     """The verdict on the reported ``ratio`` and ``reuse_pays``, from the checker's measurement alone."""
     checks = checks or _Checks()
     case = f"your ratio, {ratio!r}, against the {measured.ratio:.2f} measured"
-    number = as_number(ratio)
-    if number is None or number <= 0:
-        checks.fail(case, f"ratio should be a positive number, but it is {ratio!r}",
-                    "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.")
-    if typed(number):
-        checks.fail(case, f"{number} has at most three decimals", TYPED)
-    if not _agrees(number, measured):
-        hint = ("time both in interleaved rounds (several calls per round), and report the median of the per-round "
-                "ratios pin_copy time / reused copy time.")
-        if number < 1 and close(1 / number, measured.ratio, RATIO_FACTOR):
-            hint = "you divided the other way round: pin_copy's time / the reused copy's time."
-        checks.fail(case, f"that is more than {RATIO_FACTOR}x away from the median of the checker's rounds (measured "
-                          "twice if the first disagreed)", hint)
-    checks.passed += 1
+    judge_figure(checks, case, "ratio", ratio, [measured.ratio], RATIO_FACTOR,
+                 "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.",
+                 f"that is more than {RATIO_FACTOR}x away from the median of the checker's rounds (measured twice if "
+                 "the first disagreed)",
+                 "time both in interleaved rounds (several calls per round), and report the median of the per-round "
+                 "ratios pin_copy time / reused copy time.",
+                 "you divided the other way round: pin_copy's time / the reused copy's time.")
     case = f"reuse_pays={reuse_pays!r}, with pinning a fresh buffer {measured.ratio:.2f}x a reused copy"
     if not isinstance(reuse_pays, bool):
         checks.fail(case, f"reuse_pays should be True or False, but it is {reuse_pays!r}",

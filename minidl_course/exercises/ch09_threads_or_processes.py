@@ -1,13 +1,8 @@
 """Checker for exercise ch09: threads or processes, for two workloads, decided by measuring.
 
-Two datasets: ``PythonLoopDataset``, whose items are a pure-Python loop, and ``SleepNumpyDataset``, whose items
-wait (a ``time.sleep`` standing in for reading a file) and then make a NumPy array. The learner writes
-``time_methods(run_epoch, rounds)``, which times ``run_epoch("multiprocessing")`` and ``run_epoch("thread")`` in
-interleaved rounds, and says which method is faster for each workload. The checker checks the timing function on
-a stand-in whose epoch times it knows, then runs it on one epoch of a ``minidl.DataLoader`` with two workers over
-each dataset, and holds the answer to what it measures: it accepts either answer where the two are within
-``BAND`` of each other, in the median or in any one of the rounds (a busy machine's rounds disagree; an idle
-machine's don't).
+The learner's ``time_methods(run_epoch, rounds)`` is checked on a stand-in whose epoch times are known, then run on
+an epoch of each workload (a pure-Python loop; a sleep then NumPy), each call on the checker's clock. Either
+answer is accepted where the two methods are within ``BAND`` of each other, in the median or in any round.
 """
 
 from __future__ import annotations
@@ -191,6 +186,11 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
         swapped = dict(zip(METHODS, METHODS[::-1]))
         if all(0.8 * STANDIN_SECONDS[swapped[m]] <= medians[m] <= 2 * STANDIN_SECONDS[swapped[m]] for m in METHODS):
             hint = "your times are under the wrong method: keep each epoch's time under the method that ran it."
+        elif all(0.8 * STANDIN_SECONDS[m] <= medians[m] / 1000 <= 2 * STANDIN_SECONDS[m] for m in METHODS):
+            hint = "your times are in milliseconds: return seconds, the difference of two time.perf_counter() calls."
+        elif all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:])):
+            hint = ("each time includes the rounds before it: read time.perf_counter() again just before each "
+                    "run_epoch call, not once at the start.")
         checks.fail(case, "your medians are " + ", ".join(f"{m} {medians[m] * 1e3:.0f} ms" for m in METHODS), hint)
     problem = _off_the_clock("the stand-in", seconds, watch)
     if problem:

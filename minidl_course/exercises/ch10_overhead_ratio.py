@@ -1,11 +1,8 @@
 """Checker for exercise ch10: what minidl's DataLoader costs per batch next to torch's, as a median of ratios.
 
-The learner writes ``per_batch_seconds(loader)``: one epoch, timed from the first batch's arrival to the last's,
-divided by the batches in between (so worker start and shutdown are left out). They time minidl's and torch's
-loader over a dataset that returns its index (the loaders' own cost, nothing else) in interleaved rounds and
-report the median of the per-round ratios minidl / torch. The checker checks the timing function on loaders
-whose timing it knows (``PacedLoader``), then runs it itself on both loaders in rounds of its own and holds the
-reported ratio to the range those rounds span.
+The learner's ``per_batch_seconds(loader)`` is checked on loaders whose timing is known (``PacedLoader``), then run
+by the checker on both loaders in rounds, each figure held to the checker's clock; the reported ratio is held to
+the median of those rounds.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from typing import Any
 from minidl.dataloader import DataLoader
 from minidl_course import toy
 from minidl_course.exercises._common import _Checks, _torch, call
-from minidl_course.exercises._measure import TYPED, as_number, close, measure_then_judge, off_the_clock, twice, typed
+from minidl_course.exercises._measure import as_number, close, judge_figure, measure_then_judge, off_the_clock, twice
 
 BATCHES = 3000
 ROUNDS = 7
@@ -159,6 +156,8 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
             hint = "stamp the time when each batch arrives, and divide by the number of batches after the first."
             if abs(number - 1 / every) < 1 / every * 0.4:
                 hint = "that looks like batches per second: return seconds per batch."
+            elif abs(number / 1000 - every) < every * 0.4:
+                hint = "that looks like milliseconds: return seconds per batch."
             elif start and number >= (start + batches * every) / batches * 0.8:
                 hint = ("you included the wait for the first batch (worker start): start the clock when the first "
                         "batch arrives.")
@@ -190,19 +189,12 @@ def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None
         checks.fail("your per_batch_seconds on both loaders, against the checker's clock", measured.problem,
                     CLOCK_HINT)
     case = f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now"
-    number = as_number(ratio)
-    if number is None or number <= 0:
-        checks.fail(case, f"ratio should be a positive number, but it is {ratio!r}",
-                    "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.")
-    if typed(number):
-        checks.fail(case, f"{number} has at most three decimals", "1.0 says the two cost the same: report the "
-                    "ratio you measured, not a guess." if number == 1 else TYPED)
-    if not _agrees(number, measured):
-        hint = ("set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
-                "torch's each round, the median), not a figure from the README or another machine; if the machine "
-                "got busier or quieter since, run your cell and this one again.")
-        if close(1 / number, measured.ratio, RATIO_FACTOR):
-            hint = "you divided the other way round: minidl's per-batch time / torch's."
-        checks.fail(case, f"your rounds here gave a median of {measured.ratio:.2f} (measured twice if the first "
-                    f"disagreed): {number} is more than {RATIO_FACTOR}x away", hint)
-    checks.passed += 1
+    judge_figure(checks, case, "ratio", ratio, [measured.ratio], RATIO_FACTOR,
+                 "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.",
+                 f"your rounds here gave a median of {measured.ratio:.2f} (measured twice if the first disagreed): "
+                 f"{ratio} is more than {RATIO_FACTOR}x away",
+                 "set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
+                 "torch's each round, the median), not a figure from the README or another machine; if the machine "
+                 "got busier or quieter since, run your cell and this one again.",
+                 "you divided the other way round: minidl's per-batch time / torch's.",
+                 {1.0: "1.0 says the two cost the same: report the ratio you measured, not a guess."})

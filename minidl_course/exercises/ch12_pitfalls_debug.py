@@ -1,18 +1,11 @@
-"""Checkers for exercise ch12: three loaders to debug, each checked by measuring or running it safely.
+"""Checkers for exercise ch12: three loaders to debug.
 
-1. **Copy-on-read.** ``ListDataset`` keeps its items as a Python list of float objects. A forked worker shares
-   the parent's memory until it writes to a page, and merely reading a Python object writes to it (its reference
-   count), so each worker ends up with a private copy of every page it read: its memory grows as it works. The
-   learner writes a dataset holding one NumPy array instead; ``check_no_leak`` measures each worker's memory growth
-   over an epoch for theirs and for ``ListDataset``: PSS on Linux, USS where psutil has no PSS (macOS, Windows).
-2. **A hang at fork.** A background thread holds ``LOCK`` most of the time, and ``LockedDataset`` takes it for
-   every item. A forked worker inherits the lock *held*, with no thread left to release it, and waits forever.
-   The learner chooses DataLoader arguments that avoid it; ``check_no_hang`` runs the loader in a separate
-   process under a timeout and kills it (workers included) if it hangs.
-3. **How many workers.** The learner writes ``time_epoch(w)``, sweeps ``num_workers`` over ``SWEEP`` (it follows
-   this machine's core count) for ``DecodeDataset``, plots epoch time, and picks one; ``check_num_workers`` runs the
-   learner's ``time_epoch`` in its own rounds, and accepts a sweep that agrees with them and a choice within
-   ``TOLERANCE`` of their fastest.
+1. Copy-on-read: ``check_no_leak`` measures each forked worker's memory growth over an epoch (PSS, or USS where
+   there is no PSS) for the learner's dataset and for ``ListDataset``, a list of Python floats.
+2. A hang at fork: a thread holds ``LOCK``; ``check_no_hang`` runs the learner's loader arguments in a separate
+   process under a timeout, and kills it if it hangs.
+3. How many workers: ``check_num_workers`` runs the learner's ``time_epoch`` in its own rounds, each epoch on its
+   clock, and judges the sweep and the choice against them.
 """
 
 from __future__ import annotations
@@ -68,16 +61,12 @@ class ListDataset(Dataset):
 
 
 def memory_kind() -> str:
-    """What part 1 measures a worker's memory as: ``"PSS"`` where the platform has it (Linux), else ``"USS"``.
-
-    PSS (proportional set size) is private pages plus shared pages divided by how many share them; USS (unique
-    set size: private pages only) is what psutil gives a Mac or Windows. Copy-on-read grows both.
-    """
+    """``"PSS"`` where the platform has it (Linux), else ``"USS"`` (private pages only; a Mac, Windows)."""
     return "PSS" if osfacts.pss() else "USS"
 
 
 def memory_bytes() -> int:
-    """This process's memory as ``memory_kind()`` says: PSS (``/proc/self/smaps_rollup``, psutil), else USS."""
+    """This process's memory as ``memory_kind()`` says."""
     size = osfacts.pss_bytes()
     if size is None:
         size = osfacts.uss_bytes()
@@ -93,8 +82,7 @@ def memory_collate(batch: list[float]) -> tuple[int, int, float]:
 
 
 def worker_growth(dataset: Dataset, num_workers: int = 2, batch_size: int = 5000) -> list[float]:
-    """Each worker's memory growth in MB (PSS, or USS where there is no PSS: ``memory_kind()``), from its first
-    batch to its last, over one epoch with forked workers."""
+    """Each worker's memory growth in MB from its first batch to its last, over one epoch with forked workers."""
     first: dict[int, int] = {}
     last: dict[int, int] = {}
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=memory_collate,
@@ -109,7 +97,7 @@ def worker_growth(dataset: Dataset, num_workers: int = 2, batch_size: int = 5000
 
 @dataclass(frozen=True)
 class LeakMeasured:
-    """Median worker memory growth (MB; PSS, or USS where there is none) over an epoch, yours and ListDataset's."""
+    """Median worker memory growth over an epoch (MB), yours and ListDataset's."""
 
     yours: float
     buggy: float
@@ -124,10 +112,7 @@ def measure_leak(dataset_cls: Callable[[int], Dataset], n: int = ITEMS) -> LeakM
 
 def check_no_leak(dataset_cls: Callable[[int], Dataset],
                   measure: Callable[[Callable], LeakMeasured] = measure_leak) -> LeakMeasured:
-    """Check part 1: ``dataset_cls(n)`` gives ListDataset's items, and its workers' memory does not grow like it.
-
-    Prints what it measured. Raises AssertionError at the first problem, with a hint.
-    """
+    """Check part 1: ``dataset_cls(n)`` gives ListDataset's items, and its workers' memory does not grow like it."""
     return measure_then_judge(
         [dataset_cls], lambda checks: check_items(dataset_cls, checks), lambda: measure(dataset_cls),
         lambda measured: (f"Measured: over one epoch of {ITEMS:,} items with 2 forked workers, each worker's "
@@ -222,11 +207,8 @@ class LockedDataset(Dataset):
 
 
 def _run_locked_loader(loader_kwargs: dict[str, Any]) -> None:
-    """What the separate process runs: the busy thread, then an epoch of LockedDataset with 2 workers.
-
-    The program being debugged starts its workers with ``fork``, Linux's default up to Python 3.13, whatever
-    this machine's default is: the pitfall is fork's, so only ``loader_kwargs`` may choose another start method.
-    """
+    """What the separate process runs: the busy thread, then an epoch with 2 workers. Its workers fork, whatever
+    this machine's default: the pitfall is fork's, so only ``loader_kwargs`` may choose another start method."""
     multiprocessing.set_start_method("fork", force=True)
     hold_lock_forever()
     time.sleep(0.1)
@@ -246,11 +228,8 @@ class Outcome:
 
 
 def run_locked_loader(loader_kwargs: Mapping[str, Any], timeout: float = HANG_TIMEOUT_S) -> Outcome:
-    """Run ``_run_locked_loader(loader_kwargs)`` in a new Python process; kill it and its workers after ``timeout``.
-
-    The process gets its own session, so a hang is ended by killing the whole process group: nothing is left
-    running, and the notebook's kernel never waits longer than ``timeout``.
-    """
+    """Run ``_run_locked_loader(loader_kwargs)`` in a new process, in its own session: after ``timeout`` the whole
+    process group is killed, so nothing is left running."""
     root = str(Path(__file__).resolve().parents[3])  # the folder holding the minidl package
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
     command = [sys.executable, "-c", f"import json, sys; from {__name__} import _run_locked_loader; "
@@ -279,10 +258,7 @@ EXPECTED_BATCHES = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]
 
 
 def check_no_hang(loader_kwargs: Any, run: Callable[[Mapping[str, Any]], Outcome] = run_locked_loader) -> Outcome:
-    """Check part 2: with ``loader_kwargs``, two workers finish an epoch of LockedDataset beside the busy thread.
-
-    Runs it in a separate process under a timeout. Raises AssertionError with a hint if it hangs or fails.
-    """
+    """Check part 2: with ``loader_kwargs``, two workers finish an epoch of LockedDataset beside the busy thread."""
     return measure_then_judge(
         [], lambda checks: check_kwargs(loader_kwargs, checks), lambda: run(loader_kwargs),
         lambda outcome: (f"Ran DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{loader_kwargs!r}) in a "
@@ -368,12 +344,8 @@ class DecodeDataset(Dataset):
 
 
 def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
-    """One epoch of ``DecodeDataset`` with ``num_workers`` worker processes, batch_size 4, workers started inside.
-
-    The workers are forked where the platform can fork (Linux, macOS), as in notebook 12's sweep: a spawned worker
-    is a new interpreter that imports torch, a second or more on a laptop, longer than this whole epoch, and the
-    sweep would time interpreter starts instead of loading (12 §7 measures those). Windows has only spawn.
-    """
+    """One epoch of ``DecodeDataset`` with ``num_workers`` forked workers, batch_size 4 (spawned workers would time
+    interpreter starts, not loading; Windows has only spawn)."""
     start = time.perf_counter()
     forks = num_workers > 0 and "fork" in multiprocessing.get_all_start_methods()
     context = "fork" if forks else None  # torch refuses a context without workers
@@ -396,8 +368,7 @@ class Sweep(dict):
 
 
 def measure_sweep(time_epoch: Callable[[int], float], rounds: int = SWEEP_ROUNDS) -> dict[int, list[float]]:
-    """``time_epoch(w)`` for each ``w`` in ``SWEEP``, in ``rounds`` interleaved rounds (the order turns each
-    round): ``{num_workers: [seconds per round]}``. The learner's timer, run by the checker."""
+    """Your ``time_epoch(w)`` for each ``w`` in ``SWEEP``, in interleaved rounds: ``{num_workers: [seconds]}``."""
     global _EPOCHS
     times = Sweep({w: [] for w in SWEEP})
     for r in range(rounds):
@@ -418,14 +389,9 @@ def measure_sweep(time_epoch: Callable[[int], float], rounds: int = SWEEP_ROUNDS
 
 def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
                       measure: Callable[[], dict[int, list[float]]] | None = None) -> dict[int, list[float]]:
-    """Check part 3 with your own measuring code: ``time_epoch(w)`` returns the seconds of one epoch of
-    ``sweep_epoch(w)``; ``sweep`` is your ``{num_workers: median seconds}``; ``num_workers`` your choice.
-
-    The checker times ``time_epoch(0)`` once with its own clock (your timer must return the epoch it ran), then
-    runs it for every ``w`` in ``SWEEP`` in three interleaved rounds. Your sweep must agree with those rounds, and
-    your choice must be within ``TOLERANCE`` of their fastest. Prints what it measured; raises AssertionError with
-    a hint.
-    """
+    """Check part 3: ``time_epoch(w)`` returns the seconds of one epoch of ``sweep_epoch(w)``; ``sweep`` is your
+    ``{num_workers: median seconds}``; ``num_workers`` your choice. Your sweep must agree with the checker's rounds
+    of your time_epoch (each epoch on its clock), and your choice be within ``TOLERANCE`` of their fastest."""
     def report(measured: dict[int, list[float]]) -> str:
         medians = {w: statistics.median(t) for w, t in measured.items()}
         best = min(medians, key=medians.get)
@@ -456,6 +422,9 @@ def check_timer(time_epoch: Any, checks: _Checks, clock: Callable[[], float] = t
     if seconds is None or seconds <= 0:
         checks.fail(case, f"should return the epoch's seconds, a positive number, but it returned {got!r}",
                     "return time.perf_counter() - start, taken around sweep_epoch(w, dataset).")
+    if took > 0.01 and 0.5 * took <= seconds / 1000 <= took * 1.05:
+        checks.fail(case, f"returned {seconds:.3f}, but the call took {took:.3f} s",
+                    "that looks like milliseconds: return seconds, time.perf_counter() after minus before.")
     if not 0.5 * took <= seconds <= took * 1.05 + 1e-3:
         checks.fail(case, f"returned {seconds:.3f} s, but the call took {took:.3f} s",
                     "time the epoch you run: read time.perf_counter() just before sweep_epoch(w, dataset) and "
