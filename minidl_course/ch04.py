@@ -4,13 +4,15 @@ Per sample (``dataset[i]`` 64 times, then ``default_collate`` stacks the rows), 
 index per tensor for the whole batch, then the same collate), and with a ``BatchSampler`` passed as
 ``sampler=`` and ``batch_size=None`` (the dataset indexed with the whole list of indices: the batch comes out
 already made, and ``default_convert`` leaves it alone). Each is timed untraced, with minidl's and torch's
-loaders, then traced once to split a batch's time into fetching, collating and the loader's own work.
+loaders, then traced to split a batch's time into fetching, collating and the loader's own work. Timing is
+done here, not with ``minidl_bench`` (which imports this package, not the other way round).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -87,21 +89,21 @@ def breakdown(trace: Any) -> dict[str, float]:
 class FetchStudy:
     """Epoch times per (mode, library), a traced breakdown per mode, and the batch count of an epoch."""
 
-    epochs: dict[tuple[str, str], Any]  # (mode, "minidl" | "torch") -> minidl_bench.Timing of one epoch
+    epochs: dict[tuple[str, str], list[float]]  # (mode, "minidl" | "torch") -> seconds of each timed epoch
     parts: dict[str, dict[str, float]]  # mode -> part -> mean seconds per batch (traced)
     batches: int
     samples: int
 
     def per_batch(self, mode: str, lib: str = "minidl") -> float:
         """The fastest untraced epoch over its batches: other jobs can only slow a repeat down."""
-        return self.epochs[(mode, lib)].min / self.batches
+        return min(self.epochs[(mode, lib)]) / self.batches
 
     def table(self) -> str:
         lines = [f"one epoch of {self.samples:,} samples in {self.batches} batches (fastest of the repeats):"]
         for mode in MODES:
-            ours, theirs = self.epochs[(mode, "minidl")], self.epochs[(mode, "torch")]
-            lines.append(f"  {mode:24} minidl {ours.min * 1e3:7.1f} ms   torch {theirs.min * 1e3:7.1f} ms   "
-                         f"x{self.epochs[(MODES[0], 'minidl')].min / ours.min:.1f} over per-sample fetching")
+            ours, theirs = min(self.epochs[(mode, "minidl")]), min(self.epochs[(mode, "torch")])
+            lines.append(f"  {mode:24} minidl {ours * 1e3:7.1f} ms   torch {theirs * 1e3:7.1f} ms   "
+                         f"x{min(self.epochs[(MODES[0], 'minidl')]) / ours:.1f} over per-sample fetching")
         lines.append("per batch, traced (microseconds): " + ", ".join(PARTS))
         for mode in MODES:
             parts = self.parts[mode]
@@ -120,7 +122,7 @@ class FetchStudy:
         parts = self.parts[MODES[0]]
         biggest = max(PARTS, key=parts.get)
         share = parts[biggest] / sum(parts.values())
-        ratios = [self.epochs[(m, "minidl")].min / self.epochs[(m, "torch")].min for m in MODES]
+        ratios = [min(self.epochs[(m, "minidl")]) / min(self.epochs[(m, "torch")]) for m in MODES]
         return (f"On this run '{fastest}' was fastest, x{speedup:.1f} over per-sample fetching; __getitems__ alone "
                 f"gave {alone}. Fetched per sample, a traced batch spent {share:.0%} of its time {biggest}. "
                 f"minidl's epochs took x{min(ratios):.2f} to x{max(ratios):.2f} torch's.")
@@ -145,20 +147,22 @@ class FetchStudy:
         return fig
 
 
-def fetch_study(features: Any, labels: Any, batch_size: int = 64, seed: int = 0, traced_epochs: int = 3,
-                time_it: Callable | None = None) -> FetchStudy:
-    """Time one epoch of each mode with minidl and torch (untraced), then trace ``traced_epochs`` minidl epochs of
-    each and keep the quickest one's breakdown."""
+def fetch_study(features: Any, labels: Any, batch_size: int = 64, seed: int = 0, repeats: int = 5,
+                traced_epochs: int = 3) -> FetchStudy:
+    """Time ``repeats`` epochs of each mode with minidl and torch (untraced, after one warm-up epoch each), then
+    trace ``traced_epochs`` minidl epochs of each and keep the quickest one's breakdown."""
     import torch.utils.data as tud
 
-    from minidl_bench import time_it as default_time_it
-
-    time_it = time_it or default_time_it
-    epochs = {}
-    for mode in MODES:  # interleaved, so a burst of load elsewhere hits both libraries alike
-        for name, lib in (("minidl", minidl), ("torch", tud)):
-            epochs[(mode, name)] = time_it(lambda lib=lib, mode=mode: _drain(
-                make_loader(lib, mode, features, labels, batch_size, seed)))
+    runs = {(mode, name): partial(make_loader, lib, mode, features, labels, batch_size, seed)
+            for mode in MODES for name, lib in (("minidl", minidl), ("torch", tud))}
+    for make in runs.values():  # the warm-up: first calls, caches
+        _drain(make())
+    epochs: dict = {key: [] for key in runs}
+    for _ in range(repeats):  # rounds interleave the settings, so a burst of load elsewhere hits them alike
+        for key, make in runs.items():
+            start = time.perf_counter()
+            _drain(make())
+            epochs[key].append(time.perf_counter() - start)
     parts = {}
     for mode in MODES:  # the quickest of a few traced epochs: the first pays for warming up, others for load
         traced = []
