@@ -1,4 +1,4 @@
-"""Notebook 05's harnesses: the timeline drawn with a legend in words, the num_workers sweep, the bottleneck study.
+"""Notebook 05's harnesses: the timeline with a legend in words, the num_workers sweep, loading under the step, photos.
 
 Each measures and decides here, so that the notebook's cell makes one call and prints what comes back.
 Verdicts are returned as ``(holds, claim, measured)`` for ``minidl_bench.expect`` to print: a notebook says
@@ -8,6 +8,7 @@ whether a run shows a claim, it never asserts a timing. The transforms come in a
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing
 import os
@@ -21,8 +22,7 @@ from typing import Any
 import numpy as np
 
 import minidl
-from minidl_course.labelled import LabelledImages, transform_collate
-from minidl_course.train import Trainer
+from minidl_course.cores import core_count
 
 Verdict = tuple[bool, str, str]
 
@@ -158,94 +158,160 @@ def sweep(tasks: dict[str, dict], workers: tuple[int, ...], plain: tuple[Callabl
     return result
 
 
-# --- section 8: is the loader the bottleneck? ---------------------------------------------------------------
+# --- section 8: loading under the training step -------------------------------------------------------------
+
+
+def stand_in_step(seconds: float) -> None:
+    """A training step as the CPU sees one on an accelerator: it waits, holding no GIL (``time.sleep``)."""
+    time.sleep(seconds)
 
 
 @dataclass
-class Study:
-    """One traced epoch per transform (and the Python one again out of order), and the step timed alone."""
+class Overlap:
+    """The fastest epoch for each (num_workers, step or none), and the traces of the epochs with the step."""
 
-    step_alone: float
-    diagnoses: dict = field(default_factory=dict)  # run name -> minidl's Diagnosis
-    images: dict = field(default_factory=dict)  # run name -> images in the epoch
-    notes: list[str] = field(default_factory=list)  # what the runs add up to, in sentences
-    verdicts: list[Verdict] = field(default_factory=list)
+    step_s: float  # the stand-in step, per batch
+    load_s: float  # what loading one batch sleeps (batch size x the per-sample delay)
+    batches: int
+    seconds: dict = field(default_factory=dict)  # (num_workers, with_step) -> fastest epoch, s
+    traces: dict = field(default_factory=dict)  # num_workers -> minidl Trace of the fastest epoch with the step
+
+    def ideal(self, workers: int, with_step: bool) -> float:
+        """The epoch if nothing but loading and the step cost anything: in turn without workers, overlapped with."""
+        step = self.step_s if with_step else 0.0
+        if workers == 0:
+            return self.batches * (self.load_s + step)
+        return self.batches * max(step, self.load_s / workers)
+
+    def table(self) -> str:
+        lines = [f"{self.batches} batches; loading a batch sleeps {self.load_s * 1e3:.0f} ms, the step "
+                 f"{self.step_s * 1e3:.0f} ms (fastest epoch, workers already started; ideal in brackets)"]
+        for with_step in (False, True):
+            lines.append(f"  {'with the step' if with_step else 'no step':14}" + "".join(
+                f"  {w} worker{'s' if w != 1 else ' '}: {self.seconds[w, with_step] * 1e3:4.0f} ms "
+                f"({self.ideal(w, with_step) * 1e3:4.0f})" for w in sorted({w for w, _ in self.seconds})))
+        return "\n".join(lines)
+
+    def verdict(self) -> str:
+        """What one worker did with the step and without it, in this run's numbers."""
+        def ratio(with_step: bool) -> float:
+            return self.seconds[0, with_step] / self.seconds[1, with_step]
+
+        on, off = ratio(True), ratio(False)
+        with_words = ("loading ran under the step" if on > 1.15 else "no overlap showed (a busy machine can hide it)")
+        without = ("nothing to hide under, so a worker only adds a round trip per batch" if off < 1.1 else
+                   "faster even so")
+        return (f"With the step, 1 worker took x{1 / on:.2f} the time of none: {with_words}. Without it, "
+                f"x{1 / off:.2f}: {without}.")
+
+    def plot(self, caption: str | None = None) -> Any:
+        """One timeline per num_workers, all with the step, on one time axis."""
+        import matplotlib.pyplot as plt
+
+        counts = sorted(self.traces)
+        fig, axes = plt.subplots(len(counts), 1, figsize=(11, 2.3 * len(counts)), sharex=True)
+        for ax, workers in zip(axes, counts):
+            plot_trace(self.traces[workers], ax, title=f"num_workers={workers}, with a {self.step_s * 1e3:.0f} ms step",
+                       caption=caption if workers == counts[0] else None)
+        fig.tight_layout()
+        plt.close(fig)
+        return fig
+
+
+def overlap_study(workers: tuple[int, ...] = (0, 1, 2), samples: int = 32, batch_size: int = 4,
+                  delay: float = 0.005, step_s: float = 0.02, repeats: int = 3) -> Overlap:
+    """Epochs over ``toy.SlowDataset`` (``delay`` s a sample) with and without a ``step_s`` stand-in step.
+
+    Workers are persistent and started by one untimed epoch, so what is timed is the steady epoch, not the
+    start (section 9 times that). Rounds alternate step and no step, so load from elsewhere hits both alike.
+    """
+    from minidl_course.toy import SlowDataset
+
+    if 0 not in workers or 1 not in workers:
+        raise ValueError(f"workers should include 0 and 1 (the verdict compares them), got {workers}")
+    result = Overlap(step_s, batch_size * delay, -(-samples // batch_size))
+    for count in workers:
+        loader = minidl.DataLoader(SlowDataset(samples, delay=delay), batch_size=batch_size, num_workers=count,
+                                   persistent_workers=count > 0, trace=True)
+        for _ in loader:  # the untimed epoch: starts the workers, warms everything up
+            pass
+        best: dict = {}
+        for _ in range(repeats):
+            for with_step in (False, True):
+                loader.trace.clear()
+                start = time.perf_counter()
+                for _batch in loader:
+                    if with_step:
+                        stand_in_step(step_s)
+                took = time.perf_counter() - start
+                if took < best.get(with_step, (math.inf,))[0]:
+                    # Persistent workers keep one iterator, whose first "consumer" span of an epoch reaches back to
+                    # the last batch of the epoch before: only what started in this epoch is kept.
+                    best[with_step] = (took, [e for e in loader.trace.raw if e[3] >= start])
+        for with_step, (took, _events) in best.items():
+            result.seconds[count, with_step] = took
+        result.traces[count] = dataclasses.replace(loader.trace, raw=best[True][1])
+        del loader  # persistent workers stop with their loader
+    return result
+
+
+# --- section 9: real photographs, and what starting workers costs -------------------------------------------
+
+
+@dataclass
+class PhotoStudy:
+    """One epoch of decoded, augmented photographs per num_workers, each timed from a fresh start."""
+
+    files: int
+    size: int
+    costs: dict = field(default_factory=dict)  # num_workers -> minidl_course.startup.StartupCost
+    batch: Any = None  # (uint8 images, labels): the first batch of the last loader
 
     def report(self) -> str:
-        lines = [f"the training step alone, no loader running: {self.step_alone * 1e3:.1f} ms (median of 20)"]
-        for name, d in self.diagnoses.items():
-            lines += ["", f"--- {self.images[name]} images, transform in {name}", str(d)]
-        return "\n".join(lines + [""] + self.notes)
+        lines = [f"{self.files} JPEGs decoded with Pillow, cropped to {self.size}x{self.size} and flipped at random, "
+                 "per num_workers:"]
+        lines += [f"  {w} worker{'s' if w != 1 else ' '}: {cost}" for w, cost in self.costs.items()]
+        return "\n".join(lines)
+
+    def verdict(self) -> str:
+        """Whether workers paid over the whole epoch, and whether start-up or the batches took the time."""
+        base = self.costs[0]
+        most = max(self.costs)
+        cost = self.costs[most]
+        steady = base.per_batch_s / cost.per_batch_s
+        epoch_base = base.first_batch_s + base.steady_s
+        epoch_most = cost.first_batch_s + cost.steady_s
+        blame = ("start-up took longer than all the batches after it, so starting the workers is what cost the time"
+                 if cost.dominant == "start-up" else "the batches took longer than the start")
+        load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # not on Windows
+        busy = (f" (load average {load:.1f} on {core_count()} cores: other jobs held the cores the workers needed)"
+                if steady < 1.15 and load is not None and load >= core_count() else "")
+        return (f"{most} workers ({cost.start_method}) made each steady batch x{steady:.2f} as fast as none{busy}, "
+                f"and the epoch {epoch_base:.2f} s -> {epoch_most:.2f} s; {blame}.")
 
 
-def _time_step(seed: int, transform: Callable) -> float:
-    """The training step on one batch of 32, median of 20, with no worker running beside it."""
-    trainer = Trainer(channels=3, classes=10, seed=seed)
-    images = LabelledImages(32, seed=seed)
-    batch = transform_collate([images[i] for i in range(32)], transform=transform)
-    trainer.step(batch)  # the warm-up step
-    times = []
-    for _ in range(20):
-        start = time.perf_counter()
-        trainer.step(batch)
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+def photo_study(workers: tuple[int, ...], per_class: int, size: int, batch_size: int, seed: int = 0) -> PhotoStudy:
+    """Time one epoch of ``photos.Photos`` through ``train_transform`` for each ``workers`` count, from a fresh start.
 
-
-def bottleneck_study(python: Callable, vectorised: Callable, workers: int, vectorised_images: int,
-                     seed: int = 0) -> Study:
-    """Train one epoch with ``workers`` worker processes, the transform in the worker, and diagnose each.
-
-    Runs: ``python`` (a pure-Python transform) over four batches of 32 per worker, the same out of order, and
-    ``vectorised`` (its NumPy twin) over ``vectorised_images``. The notes say whether following the
-    diagnosis's advice about the reorder buffer paid, and why, from the trace.
+    Samples are collated by ``minidl.prefetch.fast_collate`` (uint8, as timm does); normalising comes later.
     """
-    study = Study(_time_step(seed, vectorised))
-    runs = {"pure Python": (python, 32 * 4 * workers, True),
-            "pure Python, in_order=False": (python, 32 * 4 * workers, False),
-            "NumPy": (vectorised, vectorised_images, True)}
-    traces = {}
-    for name, (transform, n_images, in_order) in runs.items():
-        dataset = LabelledImages(n_images, seed=seed)
-        collate_fn = partial(transform_collate, transform=transform)
-        loader = minidl.DataLoader(dataset, batch_size=32, num_workers=workers, in_order=in_order, trace=True,
-                                   collate_fn=collate_fn)
-        trainer = Trainer(channels=3, classes=10, seed=seed)
-        trainer.step(collate_fn([dataset[i] for i in range(32)]))  # the warm-up step, before the traced epoch
-        for batch in loader:
-            trainer.step(batch)
-        traces[name], study.diagnoses[name], study.images[name] = loader.trace, loader.trace.diagnose(), n_images
-    py, unordered, vec = (study.diagnoses[k] for k in runs)
-    alone = study.step_alone
-    study.notes.append(f"the step inside the epochs: {py.consumer_step * 1e3:.1f} ms beside the pure-Python workers, "
-                       f"{vec.consumer_step * 1e3:.1f} ms beside the NumPy ones, {alone * 1e3:.1f} ms alone")
-    study.verdicts.append((py.batch_time > alone > vec.batch_time,
-                           "the Python transform loads a batch slower than a step, the NumPy one faster",
-                           f"{py.batch_time / alone:.1f} and {vec.batch_time / alone:.1f} steps per batch"))
-    study.verdicts.append((vec.wait_share < py.wait_share / 2, "with NumPy the training loop waits far less",
-                           f"{vec.wait_share:.0%} vs {py.wait_share:.0%} of the time waiting"))
-    study.notes.append(_reorder_note(py, unordered, traces["pure Python"]))
-    if hasattr(os, "getloadavg"):  # not on Windows
-        load = os.getloadavg()[0]
-        study.notes.append(f"load average over the last minute: {load:.1f} on {workers} worker(s)' cores"
-                           + (": other jobs were competing for the cores" if load > workers else ""))
+    import torch
+
+    from minidl.prefetch import fast_collate
+    from minidl_course import photos
+    from minidl_course.startup import startup_cost
+
+    if 0 not in workers:
+        raise ValueError(f"workers should include 0 (the baseline), got {workers}")
+    dataset = photos.Photos(photos.photo_folder(per_class=per_class, seed=seed),
+                            transform=photos.train_transform(size))
+
+    def make(count: int) -> Any:
+        return minidl.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=count,
+                                 collate_fn=fast_collate, generator=torch.Generator().manual_seed(seed))
+
+    study = PhotoStudy(len(dataset), size)
+    for count in workers:
+        study.costs[count] = startup_cost(partial(make, count))
+    study.batch = next(iter(make(0)))
     return study
-
-
-def _reorder_note(ordered: Any, unordered: Any, trace: Any) -> str:
-    """Whether the advice ``in_order=False`` paid: it can win at most the time lost to the reorder buffer."""
-    lost, gained = ordered.reorder_lost, ordered.wall - unordered.wall
-    head = (f"in order the epoch took {ordered.wall:.2f} s, {lost * 1e3:.0f} ms of it waiting while a later batch "
-            f"was ready; out of order {unordered.wall:.2f} s: ")
-    if not any(a.startswith("in_order=False") for a in ordered.advice):
-        return head + "in_order=False was not advised (the reordering cost was under a fifth of the waiting)"
-    loads: dict = {}  # batch -> seconds its worker spent fetching and collating it
-    for row in trace.rows():
-        if row["event"] in ("fetch", "collate"):
-            loads[row["batch"]] = loads.get(row["batch"], 0.0) + row["end"] - row["start"]
-    slowest, typical = max(loads.values()), float(np.median(list(loads.values())))
-    paid = (f"the advice paid ({gained * 1e3:.0f} ms sooner)" if gained > lost / 2 else
-            f"the advice did not pay ({abs(gained) * 1e3:.0f} ms {'sooner' if gained >= 0 else 'later'})")
-    why = ("one batch held the others back" if slowest > 2 * typical else
-           "the batches cost about the same, so out of order the loop waits as long, for another batch")
-    return head + f"{paid}; the slowest batch took x{slowest / typical:.1f} the median one: {why}"

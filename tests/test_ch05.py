@@ -6,7 +6,6 @@ from functools import partial
 from types import SimpleNamespace
 
 import matplotlib.pyplot as plt
-import numpy as np
 import pytest
 
 import minidl
@@ -76,14 +75,36 @@ def test_epoch_loads_what_the_main_process_loads():
     assert [b.tolist() for b in ch05.epoch(task, 2, "thread")] == [b.tolist() for b in ch05.epoch(task, 0)]
 
 
-@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_overlap_study_times_every_setting_and_keeps_the_stepped_traces():
+    study = ch05.overlap_study(workers=(0, 1), samples=8, batch_size=2, delay=0.002, step_s=0.01, repeats=1)
+    assert set(study.seconds) == {(0, False), (0, True), (1, False), (1, True)}
+    assert study.batches == 4 and study.load_s == pytest.approx(0.004)
+    # Sleeps cannot be skipped: no epoch is shorter than what it sleeps in the main process.
+    assert study.seconds[0, True] >= 4 * (0.004 + 0.01) and study.seconds[1, True] >= 4 * 0.01
+    assert study.ideal(0, True) == pytest.approx(4 * 0.014) and study.ideal(1, True) == pytest.approx(4 * 0.01)
+    for workers, trace in study.traces.items():  # each kept trace holds one epoch with the step: 4 steps
+        consumer = [r for r in trace.rows() if r["event"] == "consumer"]
+        assert len(consumer) == 4 and all(r["end"] - r["start"] >= 0.01 for r in consumer)
+        assert trace.num_workers == workers
+    assert "1 worker took" in study.verdict() and "with the step" in study.table()
+    assert len(study.plot().axes) == 2
+
+
+def test_overlap_study_refuses_a_sweep_without_its_baselines():
+    with pytest.raises(ValueError, match="workers"):
+        ch05.overlap_study(workers=(2, 4))
+
+
 @pytest.mark.timeout(300)
-def test_bottleneck_study_diagnoses_three_epochs_and_reports_each():
-    study = ch05.bottleneck_study(python=K.normalise_image, vectorised=K.normalise_numpy, workers=1,
-                                  vectorised_images=64)
-    assert list(study.diagnoses) == ["pure Python", "pure Python, in_order=False", "NumPy"]
-    assert study.images == {"pure Python": 128, "pure Python, in_order=False": 128, "NumPy": 64}
-    assert study.step_alone > 0 and len(study.verdicts) == 2
-    report = study.report()
-    assert report.count("bottleneck: the") == 3 and "in order the epoch took" in report
-    assert np.isfinite(study.diagnoses["NumPy"].batch_time)
+def test_photo_study_times_a_fresh_start_per_count_and_keeps_a_batch_of_real_pixels(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a small photo set of its own
+    study = ch05.photo_study((0, 1), per_class=1, size=32, batch_size=4, seed=0)
+    assert study.files == 9 and set(study.costs) == {0, 1}
+    assert study.costs[0].start_method == "main process" and study.costs[1].batches == 3
+    images, labels = study.batch
+    assert images.shape == (4, 3, 32, 32) and str(images.dtype) == "torch.uint8" and len(labels) == 4
+    assert int(images.max()) > int(images.min())  # decoded pictures, not a blank
+    assert "JPEGs" in study.report() and "1 workers (" in study.verdict()
+    with pytest.raises(ValueError, match="workers"):
+        ch05.photo_study((1, 2), per_class=1, size=32, batch_size=4)
