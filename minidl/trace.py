@@ -377,6 +377,7 @@ class _TracedMultiIter(_TracedIterMixin):
 
     def _reset(self, loader, first_iter: bool = False) -> None:
         self._received = [deque() for _ in range(self._num_workers)]  # per worker: batches received, not handed out
+        self._last_yield = None  # a persistent iterator's new epoch: the pause since the last one is not a step
         super()._reset(loader, first_iter)
         for received in self._received:  # a persistent worker's stale results of the last epoch were dropped
             received.clear()

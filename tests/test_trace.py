@@ -288,3 +288,21 @@ def test_a_batch_that_cannot_be_pickled_raises_in_the_main_process():
                                collate_fn=unpicklable_batch)
     with pytest.raises(TypeError, match=r"(?s)in DataLoader worker process 0, pickling batch 0.*pickle"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_the_time_between_two_epochs_is_no_consumer_span(num_workers):
+    # The consumer's span measures the training step between two batches of one epoch. A pause between epochs
+    # (evaluation, a checkpoint) is not one: the next epoch's first batch starts without a consumer span.
+    loader = minidl.DataLoader(toy.RangeDataset(8), batch_size=2, num_workers=num_workers, trace=True,
+                               persistent_workers=num_workers > 0)
+    for epoch in range(2):
+        for _ in loader:
+            pass
+        if epoch == 0:
+            time.sleep(0.3)
+    if num_workers:
+        loader._iterator._shutdown_workers()
+    consumer = [e for e in loader.trace.events if e["event"] == "consumer"]
+    assert len(consumer) == 2 * 4  # after each of the 4 batches of each epoch, until the next call to next()
+    assert max(e["end"] - e["start"] for e in consumer) < 0.3
