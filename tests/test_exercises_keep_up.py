@@ -4,6 +4,7 @@ each family of wrong answer with the hint that names the mistake. The checker ru
 tests run real epochs (about a second each, plus the workers' start)."""
 
 import importlib
+import re
 
 import pytest
 import torch
@@ -28,11 +29,12 @@ def per_batch(records):
 
 
 def test_the_reference_answer_passes_and_the_check_says_what_it_measured(capsys):
-    run = ch05.check_keep_up(make_loader)
+    ch05.check_keep_up(make_loader)
     out = capsys.readouterr().out
     assert "Measured on my clock, 1 worker, a batch per request: the step waited" in out
     assert out.endswith("All 3 checks passed\n")
-    assert run.wait_share <= ch05.MAX_WAIT and run.skipped == 1 and len(run.waits) == ch05.BATCHES
+    share = float(re.search(r"the step waited (\d+)% of the time", out).group(1)) / 100
+    assert share <= ch05.MAX_WAIT and "over the 23 batches after the first 1" in out
     assert not no_children_left()
 
 

@@ -75,7 +75,7 @@ def given_loader(records: Records) -> DataLoader:
     return DataLoader(records, batch_size=BATCH)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class Run:
     """One epoch of a loader feeding ``train_step``, on the checker's clock: the wait for each batch, each step."""
 
@@ -94,6 +94,9 @@ class Run:
         """The share of the loop's time, after the skipped batches, spent waiting for data."""
         waits, steps = sum(self.waits[self.skipped:]), sum(self.steps[self.skipped:])
         return waits / (waits + steps) if waits + steps > 0 else 0.0
+
+    def __repr__(self) -> str:
+        return f"Run(workers={self.workers}, batched={self.batched}, wait_share={self.wait_share:.2f})"
 
     def __str__(self) -> str:
         counted = len(self.waits) - self.skipped
@@ -148,7 +151,7 @@ def expected_batch(records: Records, k: int) -> list:
     return [torch.from_numpy(records._images[rows].copy()), torch.from_numpy(records._labels[rows].copy())]
 
 
-def check_keep_up(make_loader: Callable[[Records], Any], seed: int = 7) -> Run:
+def check_keep_up(make_loader: Callable[[Records], Any], seed: int = 7) -> None:
     """Check ch05_keep_up: ``make_loader(records)`` gives the right batches and the step waits at most MAX_WAIT.
 
     Runs the loader itself, measures, prints what it measured; measures a second time, with a fresh loader, if the
@@ -171,7 +174,6 @@ def check_keep_up(make_loader: Callable[[Records], Any], seed: int = 7) -> Run:
     print(f"Measured on my clock, {run}")
     judge(run, checks, case)
     checks.done()
-    return run
 
 
 def _explain(e: Exception, checks: _Checks, case: str) -> None:
