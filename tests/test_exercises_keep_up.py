@@ -114,8 +114,8 @@ def two_epochs(r):
 
 
 @pytest.mark.parametrize("wrong, hint", [
-    (ch05.given_loader, r"waited for data \d+% of the time; at most 25%.*with no workers the main process reads each "
-                        r"batch .*nothing overlaps"),
+    (ch05.given_loader, r"waited for data \d+% of the time for a typical batch; at most 25%.*with no workers the "
+                        r"main process reads each batch .*nothing overlaps"),
     (too_few_workers, r"1 worker, each reading a batch in about 50 ms, deliver one every ~50 ms; the step takes 30 ms"),
     (lambda r: 0.04, r"returned a float: 0\.04.*never takes a number from you"),
     (reads_ahead, r"returned a list.*a list of batches read before the loop starts"),
@@ -139,10 +139,13 @@ def run(waits, workers, batched):
     return ch05.Run(waits=waits, steps=[ch05.STEP_S] * len(waits), workers=workers, batched=batched)
 
 
-def test_the_verdict_leaves_out_each_workers_first_batch_and_names_the_lever_left():
+def test_the_verdict_leaves_out_each_workers_first_batch_and_one_stall_and_names_the_lever_left():
     started_slowly = run([3.0, 2.5, 0.001, 0.002] + [0.001] * 20, workers=2, batched=False)
     assert started_slowly.skipped == 2 and started_slowly.wait_share < 0.1
     ch05.judge(started_slowly, _Checks())  # start-up is not the steady state: passes
+    one_stall = run([0.1] + [0.001] * 10 + [0.5] + [0.001] * 12, workers=1, batched=True)  # a burst of other work
+    assert one_stall.wait_share < 0.1
+    ch05.judge(one_stall, _Checks())
     rejects_with_hint(ch05.judge, run([0.01] + [0.02] * 23, workers=0, batched=True), _Checks(),
                       hint=r"(?s)waited for data 40%.*with no workers it is still read while the step waits")
     rejects_with_hint(ch05.judge, run([0.5] + [0.02] * 23, workers=3, batched=True), _Checks(),
