@@ -88,6 +88,11 @@ def shuffled(r):
     return minidl.DataLoader(r, batch_size=16, num_workers=2, shuffle=True)
 
 
+def out_of_order(r):
+    return minidl.DataLoader(r, batch_size=16, num_workers=2, in_order=False,
+                             sampler=[i for k in (1, 0) for i in range(16 * k, 16 * k + 16)] + list(range(32, len(r))))
+
+
 def skips_half(r):
     return minidl.DataLoader(r, batch_size=16, num_workers=2, sampler=range(0, len(r), 2))
 
@@ -121,6 +126,7 @@ def two_epochs(r):
     (reads_ahead, r"returned a list.*a list of batches read before the loop starts"),
     (warms_up, r"made 1 reads before the loop began.*read nothing yet"),
     (shuffled, r"batch 0\[0\]\[.*should be .*those are records, but not the right ones: the batches come in order"),
+    (out_of_order, r"batch 0\[0\]\[.*should be .*not the right ones: .*in_order left True"),
     (skips_half, r"the loader gave 12 batches; an epoch of 384 records in batches of 16 is 24.*skips some"),
     (smaller_batches, r"should have shape \(16, 3, 8, 8\), but it has shape \(8, 3, 8, 8\).*keep batches of 16"),
     (batches_of_batches, r"should have shape \(16, 3, 8, 8\), but it has shape \(1, 16, 3, 8, 8\).*batched your "
@@ -128,8 +134,9 @@ def two_epochs(r):
     (prefetch_without_workers, r"raised ValueError.*prefetch_factor.*with num_workers=0 there are none"),
     (its_own_records, r"not the records make_loader was given"),
     (two_epochs, r"gave more than 24 batches.*one epoch, every record once"),
-], ids=["no-workers", "one-worker", "a-number", "read-ahead", "reads-in-make-loader", "shuffled", "skips-samples",
-        "smaller-batches", "batches-of-batches", "prefetch-without-workers", "other-records", "runs-on"])
+], ids=["no-workers", "one-worker", "a-number", "read-ahead", "reads-in-make-loader", "shuffled", "reordered",
+        "skips-samples", "smaller-batches", "batches-of-batches", "prefetch-without-workers", "other-records",
+        "runs-on"])
 def test_a_wrong_answer_is_refused_with_the_hint_that_names_it(wrong, hint):
     rejects_with_hint(ch05.check_keep_up, wrong, hint="(?s)" + hint)
     assert not no_children_left()

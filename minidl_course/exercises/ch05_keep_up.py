@@ -255,8 +255,8 @@ def _batch_hint(got: Any, want: list, records: Records) -> str:
         if images.shape == want[0].shape:
             everything = torch.from_numpy(records._images)
             if any(bool((everything == image).all(dim=(1, 2, 3)).any()) for image in images[:1]):
-                return ("those are records, but not the right ones: the batches come in order (no shuffle), "
-                        f"records 0-{BATCH - 1}, then {BATCH}-{2 * BATCH - 1}, ...")
+                return ("those are records, but not the right ones: the batches come in order (no shuffle, and "
+                        f"in_order left True), records 0-{BATCH - 1}, then {BATCH}-{2 * BATCH - 1}, ...")
     return (f"each batch is [images, labels]: a ({BATCH}, 3, 8, 8) uint8 tensor and ({BATCH},) int64 labels, as "
             f"DataLoader(records, batch_size={BATCH}) gives; a collate_fn of your own must give the same.")
 
