@@ -88,8 +88,8 @@ def shuffled(r):
     return minidl.DataLoader(r, batch_size=16, num_workers=2, shuffle=True)
 
 
-def out_of_order(r):
-    return minidl.DataLoader(r, batch_size=16, num_workers=2, in_order=False,
+def out_of_order(r):  # batches 0 and 1 swapped (in_order=False would do the same, when a batch came late)
+    return minidl.DataLoader(r, batch_size=16, num_workers=2,
                              sampler=[i for k in (1, 0) for i in range(16 * k, 16 * k + 16)] + list(range(32, len(r))))
 
 
