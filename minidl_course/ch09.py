@@ -90,15 +90,26 @@ def table(results: Mapping[str, list[StartupCost]]) -> str:
     return "\n".join(lines)
 
 
-def verdicts(results: Mapping[str, list[StartupCost]], workers: int) -> list[str]:
-    """Sentences chosen from the medians: do threads keep pace with processes, and what the processes' start costs."""
+def verdicts(results: Mapping[str, list[StartupCost]], workers: int, load: float | None = None,
+             cores: int | None = None) -> list[str]:
+    """Sentences chosen from the medians: do threads keep pace with processes, and what the processes' start costs.
+
+    ``load`` and ``cores`` (the load average and the core count, if given) are named only when no kind of
+    worker beat no workers and the load left no core free.
+    """
     med = medians(results)
     base, threads, procs = med["no workers"], med["thread workers"], med["process workers"]
     pace = {k: base.per_batch_s / med[k].per_batch_s for k in KINDS}  # steady speedup over no workers
     whole = {k: epoch_s(base) / epoch_s(med[k]) for k in KINDS}
     t, p, w = pace["thread workers"], pace["process workers"], whole["process workers"]
     out = []
-    if t >= 0.9 * p:
+    if t <= 1.05 and p <= 1.05:
+        busy = load is not None and cores is not None and load >= cores
+        why = f"; the load average ({load:.1f} on {cores} cores) left no core free." if busy else "."
+        out.append(f"Once running, neither {workers} thread nor {workers} process workers beat no workers (x{t:.2f} "
+                   f"and x{p:.2f}): no worker ran beside another, so this run cannot tell whether decoding frees "
+                   "the GIL" + why)
+    elif t >= 0.9 * p:
         out.append(f"Once running, {workers} thread workers keep pace with {workers} process workers (x{t:.2f} "
                    f"against x{p:.2f}): while one thread is inside Pillow's decoder or resize, "
                    "the GIL is free for the others.")
@@ -106,9 +117,6 @@ def verdicts(results: Mapping[str, list[StartupCost]], workers: int) -> list[str
         out.append(f"Once running, {workers} thread workers fall behind {workers} process workers (x{t:.2f} "
                    f"against x{p:.2f}): the Python around Pillow's calls holds the GIL, and the "
                    "threads take turns on it there.")
-    if t <= 1.05:
-        out.append(f"The threads' pace is no better than no workers' (x{t:.2f}): on this run "
-                   "nothing ran side by side.")
     startup = procs.startup_s
     if procs.dominant == "start-up" or w < p * 0.8:
         out.append(f"Start-up ({procs.start_method}): the process workers' first batch came after "

@@ -75,8 +75,18 @@ def test_threads_that_keep_pace_are_said_to_and_a_cheap_start_is_not_blamed():
 def test_threads_that_fall_behind_are_said_to_and_a_dear_start_is_blamed_by_its_method():
     said = " ".join(ch09.verdicts(costs({"no workers": 0.1, "thread workers": 0.1, "process workers": 2.0},
                                         {"no workers": 0.1, "thread workers": 0.1, "process workers": 0.05}), 2))
-    assert "fall behind" in said and "no better than no workers" in said
+    assert "fall behind" in said
     assert "Start-up (spawn): the process workers' first batch came after 2.00 s" in said
+
+
+def test_when_no_worker_beats_none_the_run_says_it_cannot_tell_and_names_the_load_only_if_it_filled_the_cores():
+    flat = costs({"no workers": 0.1, "thread workers": 0.2, "process workers": 0.4},
+                 {"no workers": 0.1, "thread workers": 0.1, "process workers": 0.098})
+    said = " ".join(ch09.verdicts(flat, 2, load=3.5, cores=2))
+    assert "neither 2 thread nor 2 process workers beat no workers" in said and "keep pace" not in said
+    assert "load average (3.5 on 2 cores)" in said
+    assert "load average" not in " ".join(ch09.verdicts(flat, 2, load=0.5, cores=2))
+    assert "load average" not in " ".join(ch09.verdicts(flat, 2))
 
 
 def test_the_split_of_a_sample_names_each_step_and_every_time_is_positive(dataset):
