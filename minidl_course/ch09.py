@@ -118,7 +118,7 @@ def verdicts(results: Mapping[str, list[StartupCost]], workers: int, load: float
                    f"against x{p:.2f}): the Python around Pillow's calls holds the GIL, and the "
                    "threads take turns on it there.")
     startup = procs.startup_s
-    if procs.dominant == "start-up" or w < p * 0.8:
+    if procs.dominant == "start-up" or p > 1 >= w or w < p * 0.8:  # the start took the epoch below its pace
         out.append(f"Start-up ({procs.start_method}): the process workers' first batch came after "
                    f"{procs.first_batch_s:.2f} s, {startup:.2f} s more than a batch takes, against "
                    f"{procs.steady_s:.2f} s for the other {procs.batches - 1} batches; over the epoch they make "
@@ -126,7 +126,7 @@ def verdicts(results: Mapping[str, list[StartupCost]], workers: int, load: float
     else:
         out.append(f"Start-up ({procs.start_method}) cost the process workers {startup:.2f} s, under the "
                    f"{procs.steady_s:.2f} s of their other batches: the epoch (x{w:.2f}) "
-                   f"follows their steady pace (x{p:.2f}).")
+                   f"stays near their steady pace (x{p:.2f}).")
     out.append(f"The threads' first batch: {threads.first_batch_s * 1e3:.0f} ms, the processes' "
                f"{procs.first_batch_s * 1e3:.0f} ms.")
     return out

@@ -69,7 +69,7 @@ def test_threads_that_keep_pace_are_said_to_and_a_cheap_start_is_not_blamed():
     said = " ".join(ch09.verdicts(costs({"no workers": 0.1, "thread workers": 0.1, "process workers": 0.12},
                                         {"no workers": 0.1, "thread workers": 0.055, "process workers": 0.05}), 2))
     assert "keep pace" in said and "fall behind" not in said
-    assert "follows their steady pace" in said and "Start-up (spawn): the process workers' first batch" not in said
+    assert "stays near their steady pace" in said and "Start-up (spawn): the process workers' first batch" not in said
 
 
 def test_threads_that_fall_behind_are_said_to_and_a_dear_start_is_blamed_by_its_method():
@@ -77,6 +77,14 @@ def test_threads_that_fall_behind_are_said_to_and_a_dear_start_is_blamed_by_its_
                                         {"no workers": 0.1, "thread workers": 0.1, "process workers": 0.05}), 2))
     assert "fall behind" in said
     assert "Start-up (spawn): the process workers' first batch came after 2.00 s" in said
+
+
+def test_a_start_that_turns_a_faster_pace_into_a_slower_epoch_is_blamed_even_when_the_batches_took_longer():
+    said = " ".join(ch09.verdicts(costs({"no workers": 0.11, "thread workers": 0.25, "process workers": 0.42},
+                                        {"no workers": 0.113, "thread workers": 0.1, "process workers": 0.1}, "fork",
+                                        batches=12), 2))
+    assert "Start-up (fork): the process workers' first batch came after 0.42 s" in said
+    assert "x0.89, not the x1.13 of their steady pace" in said
 
 
 def test_when_no_worker_beats_none_the_run_says_it_cannot_tell_and_names_the_load_only_if_it_filled_the_cores():
