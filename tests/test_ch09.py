@@ -91,7 +91,7 @@ def test_when_no_worker_beats_none_the_run_says_it_cannot_tell_and_names_the_loa
     flat = costs({"no workers": 0.1, "thread workers": 0.2, "process workers": 0.4},
                  {"no workers": 0.1, "thread workers": 0.1, "process workers": 0.098})
     said = " ".join(ch09.verdicts(flat, 2, load=3.5, cores=2))
-    assert "neither 2 thread nor 2 process workers beat no workers" in said and "keep pace" not in said
+    assert "neither 2 thread nor 2 process workers beat no workers by a tenth" in said and "keep pace" not in said
     assert "load average (3.5 on 2 cores)" in said
     assert "load average" not in " ".join(ch09.verdicts(flat, 2, load=0.5, cores=2))
     assert "load average" not in " ".join(ch09.verdicts(flat, 2))
