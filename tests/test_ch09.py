@@ -66,7 +66,7 @@ def costs(first_batch: dict[str, float], per_batch: dict[str, float], method: st
 
 
 def test_threads_that_keep_pace_are_said_to_and_a_cheap_start_is_not_blamed():
-    said = " ".join(ch09.verdicts(costs({"no workers": 0.1, "thread workers": 0.1, "process workers": 0.12},
+    said = " ".join(ch09.verdicts(costs({"no workers": 0.1, "thread workers": 0.1, "process workers": 0.06},
                                         {"no workers": 0.1, "thread workers": 0.055, "process workers": 0.05}), 2))
     assert "keep pace" in said and "fall behind" not in said
     assert "stays near their steady pace" in said and "Start-up (spawn): the process workers' first batch" not in said
