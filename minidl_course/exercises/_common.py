@@ -97,6 +97,15 @@ class _Checks:
         print(f"All {self.passed} checks passed")
 
 
+def first_hint(default: str, *cases: tuple[Any, str]) -> str:
+    """A hint tree as a table: the hint of the first ``(condition, hint)`` that holds, else ``default``.
+
+    >>> first_hint("count again", (False, "off by one"), (True, "stop is excluded"))
+    'stop is excluded'
+    """
+    return next((hint for holds, hint in cases if holds), default)
+
+
 # --- calling the learner's code ---------------------------------------------------------------------
 
 
