@@ -106,6 +106,11 @@ def first_hint(default: str, *cases: tuple[Any, str]) -> str:
     return next((hint for holds, hint in cases if holds), default)
 
 
+def defined_in_cell(fn: Any) -> bool:
+    """True when ``fn`` was defined in a notebook cell, which a worker started by spawn or forkserver can't import."""
+    return getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__")
+
+
 # --- calling the learner's code ---------------------------------------------------------------------
 
 
