@@ -15,7 +15,7 @@ from typing import Any
 
 from minidl.dataloader import DataLoader
 from minidl_course import toy
-from minidl_course.exercises._common import _Checks, _torch, call
+from minidl_course.exercises._common import _Checks, _torch, call, first_hint
 from minidl_course.exercises._measure import as_number, close, judge_figure, measure_then_judge, off_the_clock, twice
 
 BATCHES = 3000
@@ -152,24 +152,21 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
         number = as_number(got)
         if number is None:
             checks.fail(case, f"per_batch_seconds should return a number of seconds, but it returned {got!r}")
-        if number > every * 1.6:
-            hint = "stamp the time when each batch arrives, and divide by the number of batches after the first."
-            if abs(number - 1 / every) < 1 / every * 0.4:
-                hint = "that looks like batches per second: return seconds per batch."
-            elif abs(number / 1000 - every) < every * 0.4:
-                hint = "that looks like milliseconds: return seconds per batch."
-            elif start and number >= (start + batches * every) / batches * 0.8:
-                hint = ("you included the wait for the first batch (worker start): start the clock when the first "
-                        "batch arrives.")
-            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", hint)
-        if number < every * 0.9:
-            hint = "divide by the batches that arrived after the first one: n - 1 for n batches."
-            if number < every * 0.1:
-                hint = "time the whole loop over the loader, not one next() call or the creation of the iterator."
-            elif 0.9 < number * batches / (batches - 1) / every < 1.3:
-                hint = ("you divided by all n batches, but the clock ran only from the first to the last: n - 1 "
-                        "intervals.")
-            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", hint)
+        high = number > every * 1.6  # else low: the hints for each side apply to it alone
+        if high or number < every * 0.9:
+            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", first_hint(
+                "stamp the time when each batch arrives, and divide by the number of batches after the first."
+                if high else "divide by the batches that arrived after the first one: n - 1 for n batches.",
+                (high and abs(number - 1 / every) < 1 / every * 0.4, "that looks like batches per second: return "
+                 "seconds per batch."),
+                (high and abs(number / 1000 - every) < every * 0.4, "that looks like milliseconds: return seconds per "
+                 "batch."),
+                (high and start and number >= (start + batches * every) / batches * 0.8, "you included the wait for "
+                 "the first batch (worker start): start the clock when the first batch arrives."),
+                (not high and number < every * 0.1, "time the whole loop over the loader, not one next() call or the "
+                 "creation of the iterator."),
+                (not high and 0.9 < number * batches / (batches - 1) / every < 1.3, "you divided by all n batches, "
+                 "but the clock ran only from the first to the last: n - 1 intervals.")))
         if _off_clock("paced", number, ours):
             checks.fail(case, _off_clock("paced", number, ours), CLOCK_HINT)
         checks.passed += 1
