@@ -16,7 +16,7 @@ from typing import Any
 from minidl.dataloader import DataLoader
 from minidl_course import toy
 from minidl_course.exercises._common import _Checks, _torch, call, first_hint
-from minidl_course.exercises._measure import as_number, close, judge_figure, measure_then_judge, off_the_clock, twice
+from minidl_course.exercises._measure import as_number, judge_figure, measure_then_judge, off_the_clock, unless_close
 
 BATCHES = 3000
 ROUNDS = 7
@@ -137,7 +137,7 @@ def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
     """
     return measure_then_judge(
         [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
-        lambda: twice(lambda: measure(per_batch_seconds), lambda m: _agrees(ratio, m)),
+        lambda: unless_close(lambda: measure(per_batch_seconds), ratio, lambda m: m.ratio, RATIO_FACTOR),
         lambda measured: (f"Measured with your per_batch_seconds: minidl {statistics.median(measured.minidl) * 1e6:.1f}"
                           f" µs per batch, torch {statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / "
                           f"torch {measured.ratio:.2f} (median of {len(measured.minidl)} rounds, which ranged "
@@ -170,11 +170,6 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
         if _off_clock("paced", number, ours):
             checks.fail(case, _off_clock("paced", number, ours), CLOCK_HINT)
         checks.passed += 1
-
-
-def _agrees(ratio: Any, measured: Measured) -> bool:
-    number = as_number(ratio)
-    return number is not None and close(number, measured.ratio, RATIO_FACTOR)
 
 
 def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None:
