@@ -97,6 +97,20 @@ class _Checks:
         print(f"All {self.passed} checks passed")
 
 
+def first_hint(default: str, *cases: tuple[Any, str]) -> str:
+    """A hint tree as a table: the hint of the first ``(condition, hint)`` that holds, else ``default``.
+
+    >>> first_hint("count again", (False, "off by one"), (True, "stop is excluded"))
+    'stop is excluded'
+    """
+    return next((hint for holds, hint in cases if holds), default)
+
+
+def defined_in_cell(fn: Any) -> bool:
+    """True when ``fn`` was defined in a notebook cell, which a worker started by spawn or forkserver can't import."""
+    return getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__")
+
+
 # --- calling the learner's code ---------------------------------------------------------------------
 
 

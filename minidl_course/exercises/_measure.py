@@ -153,6 +153,12 @@ def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:
     return first if agree(first) else measure()
 
 
+def unless_close(measure: Callable[[], M], reported: Any, figure: Callable[[M], float], factor: float) -> M:
+    """``twice``, agreeing when ``reported`` is a number within ``factor`` of the measurement's ``figure``."""
+    number = as_number(reported)
+    return twice(measure, lambda m: number is not None and close(number, figure(m), factor))
+
+
 def agrees(reported: float, per_round: Sequence[float], factor: float) -> bool:
     """True when ``reported`` lies within ``factor`` of the range the checker's rounds spanned.
 

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from minidl_course.exercises._common import _Checks, call
+from minidl_course.exercises._common import _Checks, call, first_hint
 from minidl_course.exercises._measure import as_number, judge_figure, measure_then_judge, off_the_clock
 
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
@@ -255,16 +255,14 @@ def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _C
                         "time both ways in each of `rounds` rounds; return the list of the rounds' ratios.")
         median = statistics.median(ratios)
         if not (1.4 <= median <= 2.6 if want == 2 else 0.7 <= median <= 1.3):  # wide: a busy machine wakes late
-            hint = ("time the same span both ways in each round: one_thread(kernel, 1, 1 + span) and "
-                    "two_threads(kernel, 1, 1 + span); each round's ratio is one thread's time / two threads' time.")
-            if want == 2 and 1 / 2.6 <= median <= 1 / 1.4:
-                hint = ("you divided the other way round: one thread's time / two threads' time, above 1 if threads "
-                        "help.")
-            elif want == 1:
-                hint = ("two threads that take turns can't beat one: measure each round's times, don't assume a "
-                        "speedup.")
             checks.fail(case, f"its speedup is about x{want:g}, but your thread_speedups gave a median of "
-                        f"{median:.2f}", hint)
+                        f"{median:.2f}", first_hint(
+                "time the same span both ways in each round: one_thread(kernel, 1, 1 + span) and two_threads(kernel, "
+                "1, 1 + span); each round's ratio is one thread's time / two threads' time.",
+                (want == 2 and 1 / 2.6 <= median <= 1 / 1.4, "you divided the other way round: one thread's time / "
+                 "two threads' time, above 1 if threads help."),
+                (want == 1, "two threads that take turns can't beat one: measure each round's times, don't assume a "
+                 "speedup.")))
         checks.passed += 1
 
 
@@ -273,12 +271,11 @@ def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
         want = collatz_steps_python(start, stop)
         got = call(kernel, start, stop, what="kernel", case=f"collatz_steps({start}, {stop})")
         if got != want:
-            hint = "count the steps of every n in range(start, stop), until n reaches 1."
-            if got == collatz_steps_python(start, stop + 1):
-                hint = "stop is excluded, as in range(start, stop)."
-            elif got == collatz_steps_python(start, stop) + (stop - start):
-                hint = "you count one step too many per number: a number that is already 1 takes 0 steps."
-            checks.fail(f"collatz_steps({start}, {stop})", f"should be {want}, but it is {got!r}", hint)
+            checks.fail(f"collatz_steps({start}, {stop})", f"should be {want}, but it is {got!r}", first_hint(
+                "count the steps of every n in range(start, stop), until n reaches 1.",
+                (got == collatz_steps_python(start, stop + 1), "stop is excluded, as in range(start, stop)."),
+                (got == want + (stop - start), "you count one step too many per number: a number that is already 1 "
+                 "takes 0 steps.")))
         checks.passed += 1
 
 
@@ -295,13 +292,11 @@ def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None 
     case = "the GIL test: a Python thread counting while your kernel runs in another"
     options = getattr(kernel, "targetoptions", None)
     if options is None or not options.get("nogil"):
-        hint = ("your kernel is plain Python, which holds the GIL: compile it with @numba.njit(nogil=True) "
-                "(no Python objects inside).")
-        if options is not None:
-            hint = "compile it with @numba.njit(nogil=True): without nogil, Numba's code keeps the GIL while it runs."
         checks.fail(case, f"the Python thread ran during {measured.python_progress:.0%} of your kernel's run, and your "
                           f"kernel {'was compiled without nogil=True' if options is not None else 'is not compiled'}",
-                    hint)
+                    "compile it with @numba.njit(nogil=True): without nogil, Numba's code keeps the GIL while it runs."
+                    if options is not None else "your kernel is plain Python, which holds the GIL: compile it with "
+                    "@numba.njit(nogil=True) (no Python objects inside).")
     checks.passed += 1
     case = "your thread_speedups on your kernel, against the same rounds on the checker's clock"
     if not measured.speedups:

@@ -7,6 +7,7 @@ by ``torch.randperm``); the reference answer is in the solution notebook, not he
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from minidl_course.exercises._common import (
     _torch,
     _type_name,
     call,
+    first_hint,
     refuse_reference,
     run_watched,
     watch,
@@ -164,27 +166,23 @@ def _compare_batches(expected, got, lengths, batch_size, drop_last, shuffle, cas
     shuffle_hint = ("shuffle reorders whole batches, never the indices inside them: build the sorted batches "
                     "first, then permute the list of batches.")
     if flat_got != flat_expected:
-        if shuffle and sorted(map(len, got)) == sorted(map(len, expected)):
-            hint = shuffle_hint  # the right number and sizes of batches, of the wrong indices
-        elif drop_last and len(got) == len(expected) + 1 and short and len(got[-1]) == short:
-            hint = f"with drop_last=True the last, short batch ({short_batch}) must not be yielded."
-        elif not drop_last and len(got) == len(expected) - 1 and short:
-            hint = f"with drop_last=False the last, short batch ({short_batch}) must still be yielded."
-        elif len(set(flat_got)) < len(flat_got):
-            dup = next(i for i in flat_got if flat_got.count(i) > 1)
-            hint = f"index {dup} is yielded more than once; each index belongs to exactly one batch."
-        else:
-            missing = sorted(set(flat_expected) - set(flat_got))
-            hint = f"index {missing[0]} is never yielded." if missing else "some indices should not be there."
-        checks.fail(case, f"expected batches {expected}, but got {got}", hint)
+        dup = next((i for i, c in Counter(flat_got).items() if c > 1), None)  # flat_got is sorted
+        missing = sorted(set(flat_expected) - set(flat_got))
+        checks.fail(case, f"expected batches {expected}, but got {got}", first_hint(
+            f"index {missing[0]} is never yielded." if missing else "some indices should not be there.",
+            # the right number and sizes of batches, of the wrong indices
+            (shuffle and sorted(map(len, got)) == sorted(map(len, expected)), shuffle_hint),
+            (drop_last and len(got) == len(expected) + 1 and short and len(got[-1]) == short,
+             f"with drop_last=True the last, short batch ({short_batch}) must not be yielded."),
+            (not drop_last and len(got) == len(expected) - 1 and short,
+             f"with drop_last=False the last, short batch ({short_batch}) must still be yielded."),
+            (dup is not None, f"index {dup} is yielded more than once; each index belongs to exactly one batch.")))
 
     if sorted(map(tuple, expected)) == sorted(map(tuple, got)):
-        if shuffle:
-            hint = ("the batches are right but come in another order: yield batches[i] for i in "
-                    "torch.randperm(number of batches, generator=self.generator), one permutation per epoch.")
-        else:
-            hint = "without shuffle the batches come in sorted order: shortest lengths first."
-        checks.fail(case, f"expected batches {expected}, but got {got}", hint)
+        checks.fail(case, f"expected batches {expected}, but got {got}", "the batches are right but come in another "
+                    "order: yield batches[i] for i in torch.randperm(number of batches, generator=self.generator), "
+                    "one permutation per epoch." if shuffle else
+                    "without shuffle the batches come in sorted order: shortest lengths first.")
 
     sizes, want_sizes = [len(b) for b in got], [len(b) for b in expected]
     if not shuffle and sizes != want_sizes:

@@ -144,21 +144,17 @@ def _check_collate_case(collate_fn, batch: list[Sample], description: str, check
             checks.fail(case, f"{where} should be a torch.Tensor, but it is {_type_name(value)}",
                         "turn lists and arrays into tensors: torch.tensor(...) or torch.as_tensor(...).")
         if value.dtype != want.dtype:
-            hint = {
+            checks.fail(case, f"{where} should have dtype {want.dtype}, but it has dtype {value.dtype}", {
                 "tokens": "token ids are integers: create the tensor with dtype=torch.int64 (torch.zeros "
                           "makes float32 unless told otherwise).",
                 "mask": "the mask is boolean: dtype=torch.bool, or compare (e.g. positions < lengths).",
                 "label": "labels are integers: dtype=torch.int64.",
-            }[key]
-            checks.fail(case, f"{where} should have dtype {want.dtype}, but it has dtype {value.dtype}", hint)
+            }[key])
         if tuple(value.shape) != tuple(want.shape):
-            if key == "label":
-                hint = "one label per sample."
-            else:
-                hint = (f"{len(batch)} rows (one per sample) by {max(lengths)} columns (the longest sample "
-                        "in this batch, not a fixed length).")
             checks.fail(case, f"{where} should have shape {tuple(want.shape)}, but it has shape "
-                              f"{tuple(value.shape)}", hint)
+                              f"{tuple(value.shape)}", "one label per sample." if key == "label" else
+                        f"{len(batch)} rows (one per sample) by {max(lengths)} columns (the longest sample "
+                        "in this batch, not a fixed length).")
         problem = first_difference(want, value, where=where)
         if problem:
             checks.fail(case, problem, _collate_value_hint(key, value, want, batch, lengths))

@@ -121,14 +121,13 @@ def _run_reorder(reorder, arrivals: Arrivals, order, got, case, checks: _Checks)
             if batch != f"batch {k}":
                 _wrong_batch(k, batch, arrivals, order, got, case, checks)
             if arrivals.taken > due[k]:
-                if k == 0 and arrivals.taken == len(order) and due[k] < len(order):
-                    hint = ("you read every arrival before handing anything out: yield a batch as soon as it is due; "
-                            "holding them all costs memory and makes the training loop wait.")
-                else:
-                    hint = ("before reading another arrival, hand out the batch due next if it is already held: after "
-                            "each arrival, yield in a while loop for as long as the next index is in the buffer.")
                 checks.fail(case, f"batch {k} was due after {due[k]} arrivals, but you had read {arrivals.taken} "
-                                  "when you handed it out", hint)
+                                  "when you handed it out",
+                            "you read every arrival before handing anything out: yield a batch as soon as it is due; "
+                            "holding them all costs memory and makes the training loop wait."
+                            if k == 0 and arrivals.taken == len(order) and due[k] < len(order) else
+                            "before reading another arrival, hand out the batch due next if it is already held: after "
+                            "each arrival, yield in a while loop for as long as the next index is in the buffer.")
 
 
 def _wrong_batch(k, batch, arrivals: Arrivals, order, got, case, checks: _Checks) -> None:

@@ -10,7 +10,6 @@ import multiprocessing
 import pickle
 import queue
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -24,6 +23,7 @@ from minidl_course.exercises._common import (
     _Checks,
     _short,
     _torch,
+    defined_in_cell,
     first_difference,
     refuse_reference,
     run_watched,
@@ -101,7 +101,11 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     """
     refuse_reference(worker_loop)
     checks = _Checks()
-    _check_importable(worker_loop, checks)
+    if defined_in_cell(worker_loop):
+        checks.fail(f"{getattr(worker_loop, '__name__', worker_loop)!r}, defined in this notebook",
+                    "a worker process can't import a function defined in a notebook cell",
+                    "workers started with spawn or forkserver import the function they run, by module and name; "
+                    "write it into a module file (the %%writefile cell) and import it from there.")
     for description, dataset, collate_fn, tasks in _worker_cases():
         _check_worker_case(worker_loop, description, dataset, collate_fn, tasks, checks)
         checks.passed += 1
@@ -112,17 +116,6 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     _check_worker_in_processes(worker_loop, start_method, checks)
     checks.passed += 1
     checks.done()
-
-
-def _check_importable(worker_loop: Callable, checks: _Checks) -> None:
-    main = sys.modules.get("__main__")
-    interactive = main is None or not hasattr(main, "__file__")
-    if getattr(worker_loop, "__module__", None) == "__main__" and interactive:
-        checks.fail(
-            f"{getattr(worker_loop, '__name__', worker_loop)!r}, defined in this notebook",
-            "a worker process can't import a function defined in a notebook cell",
-            "workers started with spawn or forkserver import the function they run, by module and name; write "
-            "it into a module file (the %%writefile cell) and import it from there.")
 
 
 class _Poison:
@@ -241,10 +234,9 @@ def _compare_result(k, want, got, tasks, dataset, collate_fn, case, checks: _Che
                     "back in order.")
     got_idx, got_batch = got
     if got_idx != want_idx:
-        hint = "send back the task_idx that came with the task: the main process reorders by it."
-        if got_idx == k:
-            hint = "send back the task_idx you received with the task, not your own count of tasks."
-        checks.fail(case, f"{where} should be for task {want_idx}, but it says task {got_idx!r}", hint)
+        checks.fail(case, f"{where} should be for task {want_idx}, but it says task {got_idx!r}",
+                    "send back the task_idx you received with the task, not your own count of tasks." if got_idx == k
+                    else "send back the task_idx that came with the task: the main process reorders by it.")
     if isinstance(want_batch, ExceptionWrapper):
         exc = want_batch.exc_type.__name__
         if isinstance(got_batch, ExceptionWrapper):
@@ -256,21 +248,19 @@ def _compare_result(k, want, got, tasks, dataset, collate_fn, case, checks: _Che
                 checks.fail(case, f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a "
                                   f"{got_batch.exc_type.__name__}")
             return
-        hint = ("wrap the error, inside the except block: ExceptionWrapper(where='in a worker') records the "
-                "exception's type and traceback as text, which travel between processes.")
-        if isinstance(got_batch, BaseException):
-            hint = ("put an ExceptionWrapper, not the exception itself: the wrapper carries the worker's "
-                    "traceback as text (a traceback can't be pickled), so the main process can show it.")
         checks.fail(case, f"{where} (task {want_idx}, indices {tasks[k][1]}) should be an ExceptionWrapper "
-                          f"holding the {exc} raised by the fetch or collate, but it is {_short(got_batch)}", hint)
+                          f"holding the {exc} raised by the fetch or collate, but it is {_short(got_batch)}",
+                    "put an ExceptionWrapper, not the exception itself: the wrapper carries the worker's traceback "
+                    "as text (a traceback can't be pickled), so the main process can show it."
+                    if isinstance(got_batch, BaseException) else "wrap the error, inside the except block: "
+                    "ExceptionWrapper(where='in a worker') records the exception's type and traceback as text, "
+                    "which travel between processes.")
     problem = first_difference(want_batch, got_batch, where=f"the batch of task {want_idx}")
     if problem:
-        indices = tasks[k][1]
-        hint = f"the batch is collate_fn([dataset[i] for i in {indices}])."
-        samples = [dataset[i] for i in indices]
-        if first_difference(samples, got_batch) is None:
-            hint = "you put the list of samples: pass it through collate_fn first."
-        checks.fail(case, problem, hint)
+        samples = [dataset[i] for i in tasks[k][1]]
+        checks.fail(case, problem, "you put the list of samples: pass it through collate_fn first."
+                    if first_difference(samples, got_batch) is None
+                    else f"the batch is collate_fn([dataset[i] for i in {tasks[k][1]}]).")
 
 
 class _Crashed:

@@ -19,6 +19,7 @@ from minidl_course.exercises._common import (
     _loaders,
     _torch,
     call,
+    first_hint,
     refuse_reference,
     run_watched,
     watch,
@@ -118,17 +119,14 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
             dataset, info, touched_global = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)
             got = _draws(dataset)
             if got == untouched:
-                if touched_global:
-                    hint = ("you reseeded NumPy's global stream, but this dataset draws from its own generator, "
-                            "dataset.rng: reseed that one, get_worker_info().dataset.rng.")
-                elif "dataset" not in info.read:
-                    hint = ("reseed the worker's own copy, get_worker_info().dataset: a dataset from the notebook "
-                            "is not the one the worker draws from.")
-                else:
-                    hint = ("give the worker's dataset a new generator: dataset.rng = np.random.default_rng(a seed "
-                            "made from info.seed).")
                 checks.fail(where, f"the dataset still draws {got[:2]}..., as it did before your worker_init_fn: "
-                                   "every worker would draw these same numbers", hint)
+                                   "every worker would draw these same numbers", first_hint(
+                    "give the worker's dataset a new generator: dataset.rng = np.random.default_rng(a seed made from "
+                    "info.seed).",
+                    (touched_global, "you reseeded NumPy's global stream, but this dataset draws from its own "
+                     "generator, dataset.rng: reseed that one, get_worker_info().dataset.rng."),
+                    ("dataset" not in info.read, "reseed the worker's own copy, get_worker_info().dataset: a dataset "
+                     "from the notebook is not the one the worker draws from.")))
             again, _, _ = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)
             if _draws(again) != got:
                 checks.fail(where, f"called twice with the same info.seed, your worker_init_fn gave draws {got[:2]}... "
@@ -161,15 +159,11 @@ def _epoch_draws(loader_cls, worker_init_fn, seed: int, epochs: int = 2) -> list
     return [[float(x) for _, draws in loader for x in draws] for _ in range(epochs)]
 
 
-def _check_in_loader(*args) -> None:
-    with warnings.catch_warnings():  # 3 workers on a 2-core machine: the loaders warn, and the check knows
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-        _check_in_loader_quietly(*args)
-
-
-def _check_in_loader_quietly(worker_init_fn, name: str, loader_cls, checks: _Checks) -> None:
+def _check_in_loader(worker_init_fn, name: str, loader_cls, checks: _Checks) -> None:
     case = f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=yours)"
-    with yours("worker_init_fn, in the loader", case, none_info(checks, case)):
+    with yours("worker_init_fn, in the loader", case, none_info(checks, case)), warnings.catch_warnings():
+        # 3 workers on a 2-core machine: the loaders warn, and the check knows
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
         first, second = _epoch_draws(loader_cls, worker_init_fn, seed=7)
         again = _epoch_draws(loader_cls, worker_init_fn, seed=7)
     repeated = [x for x in set(first) if first.count(x) > 1]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import multiprocessing
 import random
-import sys
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from minidl_course.exercises._common import (
     _Checks,
     _loaders,
     call,
+    defined_in_cell,
     refuse_reference,
     run_watched,
     watch,
@@ -146,7 +146,11 @@ def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
     for start, end, num_workers in _sharding_cases():
         _check_shards(worker_init_fn, start, end, num_workers, checks)
         checks.passed += 1
-    _check_importable(worker_init_fn, checks)
+    if defined_in_cell(worker_init_fn) and multiprocessing.get_start_method() != "fork":
+        checks.fail(f"{worker_init_fn.__name__!r}, defined in this notebook",
+                    f"workers started with {multiprocessing.get_start_method()} can't import a function defined "
+                    "in a notebook cell",
+                    "write it into a module file and import it from there (exercise ch05_worker_loop shows how).")
     for name, loader_cls in _loaders():
         for num_workers in (1, 2, 3):
             _check_in_loader(worker_init_fn, name, loader_cls, num_workers, checks)
@@ -201,17 +205,16 @@ def _compare_shards(shards, start: int, end: int, num_workers: int, case: str, c
                     "info.num_workers.")
     if twice:
         who = [f"worker {w}" for w, lo, hi in shards if lo <= twice[0] < hi]
-        hint = "the shards must not overlap: worker k's part ends where worker k + 1's begins."
-        if any(hi == end for _, _, hi in shards[:-1]):
-            hint = "set the end of each worker's part as well as its start: only the last part runs to the end."
-        checks.fail(case, f"your shards are {described}; sample {twice[0]} is in {' and '.join(who)}", hint)
+        checks.fail(case, f"your shards are {described}; sample {twice[0]} is in {' and '.join(who)}",
+                    "set the end of each worker's part as well as its start: only the last part runs to the end."
+                    if any(hi == end for _, _, hi in shards[:-1])
+                    else "the shards must not overlap: worker k's part ends where worker k + 1's begins.")
     missing = [i for i in range(start, end) if i not in counts]
     if missing:
-        hint = "every sample must belong to some worker."
-        if missing[-1] == end - 1:
-            hint = (f"the last samples belong to no worker: with {end - start} samples and {num_workers} workers, "
-                    "round the shard size up, -(-(end - start) // num_workers), and cap each end at end.")
-        checks.fail(case, f"your shards are {described}; sample {missing[0]} is in none of them", hint)
+        checks.fail(case, f"your shards are {described}; sample {missing[0]} is in none of them",
+                    f"the last samples belong to no worker: with {end - start} samples and {num_workers} workers, "
+                    "round the shard size up, -(-(end - start) // num_workers), and cap each end at end."
+                    if missing[-1] == end - 1 else "every sample must belong to some worker.")
     per = -(-(end - start) // num_workers)
     for w, lo, hi in shards:
         want = (min(start + w * per, end), min(start + (w + 1) * per, end))
@@ -222,26 +225,12 @@ def _compare_shards(shards, start: int, end: int, num_workers: int, case: str, c
                         "worker order, the last one shorter (or empty).")
 
 
-def _check_importable(worker_init_fn, checks: _Checks) -> None:
-    main = sys.modules.get("__main__")
-    in_cell = getattr(worker_init_fn, "__module__", None) == "__main__" and not hasattr(main, "__file__")
-    if in_cell and multiprocessing.get_start_method() != "fork":
-        checks.fail(f"{worker_init_fn.__name__!r}, defined in this notebook",
-                    f"workers started with {multiprocessing.get_start_method()} can't import a function defined "
-                    "in a notebook cell",
-                    "write it into a module file and import it from there (exercise ch05_worker_loop shows how).")
-
-
-def _check_in_loader(*args) -> None:
-    with warnings.catch_warnings():  # 3 workers on a 2-core machine: the loaders warn, and the check knows
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-        _check_in_loader_quietly(*args)
-
-
-def _check_in_loader_quietly(worker_init_fn, name: str, loader_cls, num_workers: int, checks: _Checks) -> None:
+def _check_in_loader(worker_init_fn, name: str, loader_cls, num_workers: int, checks: _Checks) -> None:
     stream = range_stream(3, 20)
     case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
-    with yours("worker_init_fn, in the loader", case, none_info(checks, case)):
+    with yours("worker_init_fn, in the loader", case, none_info(checks, case)), warnings.catch_warnings():
+        # 3 workers on a 2-core machine: the loaders warn, and the check knows
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
         got = [int(x) for batch in loader_cls(stream, batch_size=2, num_workers=num_workers,
                                               worker_init_fn=worker_init_fn) for x in batch]
     counts = Counter(got)

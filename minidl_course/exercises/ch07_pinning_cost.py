@@ -16,15 +16,7 @@ import numpy as np
 
 from minidl_course import pinning_demo
 from minidl_course.exercises._common import _Checks, call
-from minidl_course.exercises._measure import (
-    as_number,
-    close,
-    interleaved,
-    judge_figure,
-    measure_then_judge,
-    median_ratio,
-    twice,
-)
+from minidl_course.exercises._measure import interleaved, judge_figure, measure_then_judge, median_ratio, unless_close
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
 ROUNDS = 15
@@ -67,10 +59,6 @@ class Measured:
     reused: list[float]
 
     @property
-    def ratios(self) -> list[float]:
-        return [p / r for p, r in zip(self.pinned, self.reused, strict=True)]
-
-    @property
     def ratio(self) -> float:
         return median_ratio({"pinned": self.pinned, "reused": self.reused}, "pinned", "reused")
 
@@ -100,7 +88,7 @@ def check_pin_copy(pin_copy: Callable[..., np.ndarray], ratio: Any, reuse_pays: 
     """
     return measure_then_judge(
         [pin_copy], lambda checks: check_copies(pin_copy, checks),
-        lambda: twice(lambda: measure(pin_copy), lambda m: _agrees(ratio, m)),
+        lambda: unless_close(lambda: measure(pin_copy), ratio, lambda m: m.ratio, RATIO_FACTOR),
         lambda measured: (f"Measured: pin_copy {np.median(measured.pinned) * 1e3:.3f} ms per {BATCH_BYTES >> 20} MiB "
                           f"batch, a copy into a reused buffer {np.median(measured.reused) * 1e3:.3f} ms; ratio "
                           f"{measured.ratio:.2f} (median of {len(measured.pinned)} rounds)"),
@@ -143,11 +131,6 @@ def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
                         "lock the new buffer you copy into, not the batch.")
         returned.append(out)
         checks.passed += 1
-
-
-def _agrees(ratio: Any, measured: Measured) -> bool:
-    number = as_number(ratio)
-    return number is not None and close(number, measured.ratio, RATIO_FACTOR)
 
 
 def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | None = None) -> None:

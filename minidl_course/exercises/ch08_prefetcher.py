@@ -19,6 +19,7 @@ from minidl_course.exercises._common import (
     _short,
     _torch,
     _type_name,
+    first_hint,
     refuse_reference,
     run_watched,
     watch,
@@ -206,14 +207,16 @@ def _check_prefetch_result(loader, batches, untouched, got, expected, mean, std,
         if not (torch.equal(x, before_x) and torch.equal(y, before_y)):
             checks.fail(case, f"batch {k} of the loader was changed in place",
                         "make a new tensor for the normalised images; never write into the loader's batches.")
+    _compare_all(got, expected, batches, mean, std, case, checks)
+
+
+def _compare_all(got, expected, batches, mean, std, case, checks: _Checks) -> None:
+    """As many batches as the loader has, each as the spec's formula gives it."""
     if len(got) != len(expected):
-        hint = ""
-        if len(got) == len(expected) - 1:
-            hint = ("the last batch is missing: when the loop over the loader ends, one batch is still held; "
-                    "yield it too.")
-        elif len(got) > len(expected):
-            hint = "each batch is handed out exactly once."
-        checks.fail(case, f"the loader has {len(expected)} batches, but you yielded {len(got)}", hint)
+        checks.fail(case, f"the loader has {len(expected)} batches, but you yielded {len(got)}", first_hint(
+            "", (len(got) == len(expected) - 1, "the last batch is missing: when the loop over the loader ends, one "
+                 "batch is still held; yield it too."),
+            (len(got) > len(expected), "each batch is handed out exactly once.")))
     for k, (item, (want_x, want_y)) in enumerate(zip(got, expected)):
         _compare_prefetched(k, item, want_x, want_y, batches, mean, std, case, checks)
 
@@ -243,14 +246,12 @@ def _compare_prefetched(k, item, want_x, want_y, batches, mean, std, case, check
     if not torch.allclose(x, want_x, rtol=1e-5, atol=1e-5):
         i = tuple(int(v) for v in torch.nonzero(~torch.isclose(x, want_x, rtol=1e-5, atol=1e-5))[0])
         raw = int(batches[k][0][i])
-        c = i[1]
-        hint = (f"the raw value there is {raw} (channel {c}, mean {mean[c]}, std {std[c]}): "
-                f"({raw} - {mean[c]} * 255) / ({std[c]} * 255) = {float(want_x[i]):.4f}.")
-        if abs(float(x[i]) - (raw - mean[c]) / std[c]) < 1e-3:
-            hint = ("mean and std are for images scaled to [0, 1], and these are 0..255: scale them by 255, "
-                    "(x - mean * 255) / (std * 255).")
+        m, s = mean[i[1]], std[i[1]]
         checks.fail(case, f"{where}'s images{list(i)} should be {float(want_x[i]):.5f}, but it is {float(x[i]):.5f}",
-                    hint)
+                    "mean and std are for images scaled to [0, 1], and these are 0..255: scale them by 255, "
+                    "(x - mean * 255) / (std * 255)." if abs(float(x[i]) - (raw - m) / s) < 1e-3 else
+                    f"the raw value there is {raw} (channel {i[1]}, mean {m}, std {s}): ({raw} - {m} * 255) / "
+                    f"({s} * 255) = {float(want_x[i]):.4f}.")
 
 
 def _check_prefetcher_with_dataloader(prefetcher, checks: _Checks) -> None:
@@ -268,8 +269,5 @@ def _check_prefetcher_with_dataloader(prefetcher, checks: _Checks) -> None:
     with yours("prefetcher", case):
         got = run_watched(Tripwire(_library_prefetchers()), lambda: list(prefetcher(loader, mean, std)),
                           lambda what: checks.fail(case, f"your prefetcher used {what}", DELEGATED.format(what)))
-    if len(got) != len(want):
-        checks.fail(case, f"the loader has {len(want)} batches, but you yielded {len(got)}")
-    for k, (item, (want_x, want_y)) in enumerate(zip(got, want)):
-        _compare_prefetched(k, item, want_x, want_y, [b for b in loader], mean, std, case, checks)
+    _compare_all(got, want, list(loader), mean, std, case, checks)
     checks.passed += 1

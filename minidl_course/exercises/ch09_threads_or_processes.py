@@ -18,7 +18,7 @@ import numpy as np
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
-from minidl_course.exercises._common import _Checks, _short, call
+from minidl_course.exercises._common import _Checks, _short, call, first_hint
 from minidl_course.exercises._measure import Stopwatch, as_number, measure_then_judge, off_the_clock
 
 METHODS = ("multiprocessing", "thread")
@@ -181,17 +181,20 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
                     f"{list(METHODS)}, {ROUNDS} positive numbers each, but it returned {_short(got)}",
                     "one list per method, one epoch time per round, in seconds.")
     medians = {m: statistics.median(seconds[m]) for m in METHODS}
-    if not all(0.8 * STANDIN_SECONDS[m] <= medians[m] <= 2 * STANDIN_SECONDS[m] for m in METHODS):
-        hint = "time each run_epoch(method) call alone, with time.perf_counter() just before and just after it."
-        swapped = dict(zip(METHODS, METHODS[::-1]))
-        if all(0.8 * STANDIN_SECONDS[swapped[m]] <= medians[m] <= 2 * STANDIN_SECONDS[swapped[m]] for m in METHODS):
-            hint = "your times are under the wrong method: keep each epoch's time under the method that ran it."
-        elif all(0.8 * STANDIN_SECONDS[m] <= medians[m] / 1000 <= 2 * STANDIN_SECONDS[m] for m in METHODS):
-            hint = "your times are in milliseconds: return seconds, the difference of two time.perf_counter() calls."
-        elif all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:])):
-            hint = ("each time includes the rounds before it: read time.perf_counter() again just before each "
-                    "run_epoch call, not once at the start.")
-        checks.fail(case, "your medians are " + ", ".join(f"{m} {medians[m] * 1e3:.0f} ms" for m in METHODS), hint)
+    def near(want: Callable[[str], float], scale: float = 1) -> bool:  # every median near want(method)
+        return all(0.8 * want(m) <= medians[m] / scale <= 2 * want(m) for m in METHODS)
+
+    if not near(STANDIN_SECONDS.get):
+        checks.fail(case, "your medians are " + ", ".join(f"{m} {medians[m] * 1e3:.0f} ms" for m in METHODS),
+                    first_hint(
+            "time each run_epoch(method) call alone, with time.perf_counter() just before and just after it.",
+            (near(lambda m: STANDIN_SECONDS[METHODS[1 - METHODS.index(m)]]), "your times are under the wrong method: "
+             "keep each epoch's time under the method that ran it."),
+            (near(STANDIN_SECONDS.get, 1000), "your times are in milliseconds: return seconds, the difference of two "
+             "time.perf_counter() calls."),
+            (all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:])),
+             "each time includes the rounds before it: read time.perf_counter() again just before each run_epoch "
+             "call, not once at the start.")))
     problem = _off_the_clock("the stand-in", seconds, watch)
     if problem:
         checks.fail(case, problem, CLOCK_HINT)
@@ -208,10 +211,10 @@ def check_answer_shape(faster: Any, checks: _Checks) -> None:
                     "one answer per workload, under these names.")
     for name in WORKLOADS:
         if faster[name] not in METHODS:
-            hint = "use the names DataLoader's worker_method takes: 'multiprocessing' or 'thread'."
-            if str(faster[name]).lower().startswith("process"):
-                hint = "DataLoader calls processes worker_method='multiprocessing'; write that."
-            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {faster[name]!r}", hint)
+            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {faster[name]!r}",
+                        "DataLoader calls processes worker_method='multiprocessing'; write that."
+                        if str(faster[name]).lower().startswith("process")
+                        else "use the names DataLoader's worker_method takes: 'multiprocessing' or 'thread'.")
     checks.passed += 1
 
 

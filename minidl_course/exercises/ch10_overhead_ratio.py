@@ -15,8 +15,8 @@ from typing import Any
 
 from minidl.dataloader import DataLoader
 from minidl_course import toy
-from minidl_course.exercises._common import _Checks, _torch, call
-from minidl_course.exercises._measure import as_number, close, judge_figure, measure_then_judge, off_the_clock, twice
+from minidl_course.exercises._common import _Checks, _torch, call, first_hint
+from minidl_course.exercises._measure import as_number, judge_figure, measure_then_judge, off_the_clock, unless_close
 
 BATCHES = 3000
 ROUNDS = 7
@@ -137,7 +137,7 @@ def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
     """
     return measure_then_judge(
         [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
-        lambda: twice(lambda: measure(per_batch_seconds), lambda m: _agrees(ratio, m)),
+        lambda: unless_close(lambda: measure(per_batch_seconds), ratio, lambda m: m.ratio, RATIO_FACTOR),
         lambda measured: (f"Measured with your per_batch_seconds: minidl {statistics.median(measured.minidl) * 1e6:.1f}"
                           f" µs per batch, torch {statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / "
                           f"torch {measured.ratio:.2f} (median of {len(measured.minidl)} rounds, which ranged "
@@ -152,32 +152,24 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
         number = as_number(got)
         if number is None:
             checks.fail(case, f"per_batch_seconds should return a number of seconds, but it returned {got!r}")
-        if number > every * 1.6:
-            hint = "stamp the time when each batch arrives, and divide by the number of batches after the first."
-            if abs(number - 1 / every) < 1 / every * 0.4:
-                hint = "that looks like batches per second: return seconds per batch."
-            elif abs(number / 1000 - every) < every * 0.4:
-                hint = "that looks like milliseconds: return seconds per batch."
-            elif start and number >= (start + batches * every) / batches * 0.8:
-                hint = ("you included the wait for the first batch (worker start): start the clock when the first "
-                        "batch arrives.")
-            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", hint)
-        if number < every * 0.9:
-            hint = "divide by the batches that arrived after the first one: n - 1 for n batches."
-            if number < every * 0.1:
-                hint = "time the whole loop over the loader, not one next() call or the creation of the iterator."
-            elif 0.9 < number * batches / (batches - 1) / every < 1.3:
-                hint = ("you divided by all n batches, but the clock ran only from the first to the last: n - 1 "
-                        "intervals.")
-            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", hint)
+        high = number > every * 1.6  # else low: the hints for each side apply to it alone
+        if high or number < every * 0.9:
+            checks.fail(case, f"should be about {every} s per batch, but it is {number!r}", first_hint(
+                "stamp the time when each batch arrives, and divide by the number of batches after the first."
+                if high else "divide by the batches that arrived after the first one: n - 1 for n batches.",
+                (high and abs(number - 1 / every) < 1 / every * 0.4, "that looks like batches per second: return "
+                 "seconds per batch."),
+                (high and abs(number / 1000 - every) < every * 0.4, "that looks like milliseconds: return seconds per "
+                 "batch."),
+                (high and start and number >= (start + batches * every) / batches * 0.8, "you included the wait for "
+                 "the first batch (worker start): start the clock when the first batch arrives."),
+                (not high and number < every * 0.1, "time the whole loop over the loader, not one next() call or the "
+                 "creation of the iterator."),
+                (not high and 0.9 < number * batches / (batches - 1) / every < 1.3, "you divided by all n batches, "
+                 "but the clock ran only from the first to the last: n - 1 intervals.")))
         if _off_clock("paced", number, ours):
             checks.fail(case, _off_clock("paced", number, ours), CLOCK_HINT)
         checks.passed += 1
-
-
-def _agrees(ratio: Any, measured: Measured) -> bool:
-    number = as_number(ratio)
-    return number is not None and close(number, measured.ratio, RATIO_FACTOR)
 
 
 def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None:

@@ -161,23 +161,22 @@ def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks:
         if not isinstance(got, np.ndarray):
             checks.fail(case, f"should return a numpy.ndarray, but it returned {type(got).__name__}")
         if got.shape != want.shape:
-            hint = "the same values as per_sample_transform, stacked: one (3, H, W) array per image."
-            if got.shape == images.shape:
-                hint = "channels first: transpose (B, H, W, 3) to (B, 3, H, W), e.g. x.transpose(0, 3, 1, 2)."
-            checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}", hint)
+            checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}",
+                        "channels first: transpose (B, H, W, 3) to (B, 3, H, W), e.g. x.transpose(0, 3, 1, 2)."
+                        if got.shape == images.shape
+                        else "the same values as per_sample_transform, stacked: one (3, H, W) array per image.")
         if got.dtype != np.float32:
             checks.fail(case, f"the result should be float32, but it is {got.dtype}",
                         "convert with astype(np.float32) and keep every constant float32: a float64 array (or "
                         "the Python float 255.0 with NumPy < 2) upcasts everything.")
         if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
             idx = tuple(int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[0])
-            hint = "(x / 255 - MEAN[c]) / STD[c] per channel c: MEAN.reshape(1, 3, 1, 1) broadcasts over (B, 3, H, W)."
             unscaled = (images.transpose(0, 3, 1, 2).astype(np.float32) - MEAN.reshape(1, 3, 1, 1)) / STD.reshape(
                 1, 3, 1, 1)
-            if np.allclose(got, unscaled, rtol=1e-4, atol=1e-3):
-                hint = "divide by 255 first: MEAN and STD are for values in [0, 1]."
             checks.fail(case, f"result{list(idx)} should be {float(want[idx]):.5f}, but it is {float(got[idx]):.5f}",
-                        hint)
+                        "divide by 255 first: MEAN and STD are for values in [0, 1]."
+                        if np.allclose(got, unscaled, rtol=1e-4, atol=1e-3) else "(x / 255 - MEAN[c]) / STD[c] per "
+                        "channel c: MEAN.reshape(1, 3, 1, 1) broadcasts over (B, 3, H, W).")
         checks.passed += 1
     case = f"transform_batch on batches of {SMALL} and of {LARGE} images"
     steps = {b: python_steps(transform_batch, make_images(b, 8, seed=3)) for b in (SMALL, LARGE)}
@@ -254,9 +253,8 @@ def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Che
     if gap < BAND:
         print(f"the two options are within {BAND}x of each other here ({gap:.2f}x), so either choice is accepted")
     elif choice != best:
-        hint = ("your own times say so: choose the faster option. Vectorising removes the Python overhead on every "
-                f"core; workers only spread it over the cores there are ({WORKERS} here).")
-        if choice == "workers" and reported > 1:
-            hint = "your times show the vectorised epoch faster: choose 'vectorise'."
-        checks.fail(case, f"{choice!r} is {gap:.2f}x slower than {best!r}", hint)
+        checks.fail(case, f"{choice!r} is {gap:.2f}x slower than {best!r}",
+                    "your times show the vectorised epoch faster: choose 'vectorise'." if choice == "workers"
+                    and reported > 1 else "your own times say so: choose the faster option. Vectorising removes the "
+                    f"Python overhead on every core; workers only spread it over the cores there are ({WORKERS} here).")
     checks.passed += 1

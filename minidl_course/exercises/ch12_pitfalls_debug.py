@@ -32,7 +32,7 @@ from minidl.dataset import Dataset
 from minidl.worker import get_worker_info
 from minidl_course import osfacts
 from minidl_course.cores import core_count, worker_sweep
-from minidl_course.exercises._common import _Checks, call, yours
+from minidl_course.exercises._common import _Checks, call, first_hint, yours
 from minidl_course.exercises._measure import agrees, as_number, measure_then_judge, off_the_clock
 
 # --- 1. copy-on-read --------------------------------------------------------------------------------
@@ -144,32 +144,25 @@ def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks | None 
     case = f"worker memory growth: {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with ListDataset"
     limit = max(LEAK_FRACTION * measured.buggy, LEAK_FLOOR_MB)
     if measured.yours > limit:
-        hint = ("hold the items in one NumPy array (np.arange(n) * 0.5): its data is one block of raw bytes with no "
-                "reference counts, so reading it writes nothing and the pages stay shared.")
         held = _held_containers(dataset_cls)
-        if "object array" in held:
-            hint = ("an array of dtype object holds pointers to Python objects, whose reference counts still change "
-                    "on every read: use a float64 array.")
-        elif "list" in held or "tuple" in held:
-            hint = ("your dataset still reads from a Python list or tuple of float objects: read from the NumPy array "
-                    "in __getitem__, and don't keep the list.")
-        checks.fail(case, f"your workers' memory grew by more than {limit:.1f} MB", hint)
+        checks.fail(case, f"your workers' memory grew by more than {limit:.1f} MB", first_hint(
+            "hold the items in one NumPy array (np.arange(n) * 0.5): its data is one block of raw bytes with no "
+            "reference counts, so reading it writes nothing and the pages stay shared.",
+            ("object array" in held, "an array of dtype object holds pointers to Python objects, whose reference "
+             "counts still change on every read: use a float64 array."),
+            (held & {"list", "tuple"}, "your dataset still reads from a Python list or tuple of float objects: read "
+             "from the NumPy array in __getitem__, and don't keep the list.")))
     checks.passed += 1
 
 
 def _held_containers(dataset_cls: Any) -> set[str]:
     """What a small instance of the learner's dataset keeps in its attributes: 'list', 'tuple', 'object array'."""
     try:
-        dataset = dataset_cls(10)
+        values = vars(dataset_cls(10)).values()
     except Exception:
         return set()
-    kinds = set()
-    for value in vars(dataset).values():
-        if isinstance(value, list | tuple):
-            kinds.add(type(value).__name__)
-        if isinstance(value, np.ndarray) and value.dtype == object:
-            kinds.add("object array")
-    return kinds
+    return ({type(v).__name__ for v in values if isinstance(v, list | tuple)}
+            | {"object array" for v in values if isinstance(v, np.ndarray) and v.dtype == object})
 
 
 # --- 2. a hang at fork --------------------------------------------------------------------------------
@@ -298,18 +291,16 @@ def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Chec
         hint = ("a forked worker starts with a copy of the parent's memory, LOCK included, taken by a thread that "
                 "does not exist in the child: start workers with multiprocessing_context='spawn' (or "
                 "'forkserver'), which run a fresh interpreter.")
-        if context in (None, "fork"):
-            if loader_kwargs.get("persistent_workers"):
-                hint = "persistent workers are still forked once, with the lock held: " + hint
-            elif context == "fork":
-                hint = "'fork' is the start method that copies the held lock; " + hint
-        checks.fail(case, f"it hung: {outcome.detail}", hint)
+        checks.fail(case, f"it hung: {outcome.detail}", first_hint(
+            hint, (context in (None, "fork") and loader_kwargs.get("persistent_workers"),
+                   "persistent workers are still forked once, with the lock held: " + hint),
+            (context == "fork", "'fork' is the start method that copies the held lock; " + hint)))
     if outcome.status == "error":
-        hint = "read the error: the arguments must be ones DataLoader accepts."
-        if "timed out" in outcome.detail.lower() or "timeout" in outcome.detail.lower():
-            hint = ("a timeout turns the hang into an error, but the worker is still stuck on the copied lock: "
-                    "change how the workers start.")
-        checks.fail(case, f"it failed: {outcome.detail}", hint)
+        checks.fail(case, f"it failed: {outcome.detail}", first_hint(
+            "read the error: the arguments must be ones DataLoader accepts.",
+            ("timeout" in outcome.detail.lower() or "timed out" in outcome.detail.lower(),
+             "a timeout turns the hang into an error, but the worker is still stuck on the copied lock: change how "
+             "the workers start.")))
     if outcome.status == "ok" and "OK " + json.dumps(EXPECTED_BATCHES) != outcome.detail:
         checks.fail(case, f"it finished, but with other batches: {outcome.detail}",
                     f"the epoch should give {EXPECTED_BATCHES}.")
@@ -469,16 +460,13 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
             f"({best} workers) {medians[best] * 1e3:.0f} ms")
     if medians[num_workers] > medians[best] * TOLERANCE:
         yours = min(sweep, key=sweep.get)
-        hint = (f"pick the num_workers of the lowest point of your sweep, or the fewest workers within {TOLERANCE}x "
-                "of it.")
-        if yours != num_workers and sweep[num_workers] > sweep[yours] * TOLERANCE:
-            hint = f"your own sweep says {yours} workers was fastest ({sweep[yours]:.3f} s): choose from your data."
-        elif num_workers == max(SWEEP):
-            hint = (f"more workers than cores ({core_count()} here) don't help once the cores are busy: each one "
-                    "costs a process start and memory. Choose the fastest, or the fewest workers within "
-                    f"{TOLERANCE}x of it.")
-        elif num_workers == 0:
-            hint = "with no workers, the waiting and the Python work never overlap: workers pay here."
         checks.fail(case, f"{num_workers} workers was {medians[num_workers] / medians[best]:.2f}x slower than "
-                          f"{best}", hint)
+                          f"{best}", first_hint(
+            f"pick the num_workers of the lowest point of your sweep, or the fewest workers within {TOLERANCE}x of it.",
+            (yours != num_workers and sweep[num_workers] > sweep[yours] * TOLERANCE,
+             f"your own sweep says {yours} workers was fastest ({sweep[yours]:.3f} s): choose from your data."),
+            (num_workers == max(SWEEP), f"more workers than cores ({core_count()} here) don't help once the cores are "
+             f"busy: each one costs a process start and memory. Choose the fastest, or the fewest workers within "
+             f"{TOLERANCE}x of it."),
+            (num_workers == 0, "with no workers, the waiting and the Python work never overlap: workers pay here.")))
     checks.passed += 1
