@@ -28,11 +28,13 @@ pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(300)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Under another start method (make unit-spawn, unit-forkserver) every worker process starts a fresh interpreter
 # that imports torch. There the file runs the cases that start worker processes (num_workers=0 and thread workers
-# run the same under every start method), and the sweeps take fewer points: four of the eight save points, one of
-# the two "never" values of snapshot_every_n_steps, two of the three cuts around a shard's end.
+# run the same under every start method), and the sweeps take fewer points: two of the six snapshot settings
+# (one ships states every 3 batches without persistent workers, one never ships them, with), two of the eight save
+# points (one just after a snapshot, one between snapshots), two of the three cuts around a shard's end.
 OTHER_START_METHOD = bool(os.environ.get("MINIDL_START_METHOD"))
-CUTS = (1, 3, 4, 7) if OTHER_START_METHOD else tuple(range(8))
-NEVER = (0,) if OTHER_START_METHOD else (0, None)
+SNAPSHOT_SETTINGS = ([(False, 3), (True, 0)] if OTHER_START_METHOD
+                     else [(persistent, every) for persistent in (False, True) for every in (3, 0, None)])
+CUTS = (1, 4) if OTHER_START_METHOD else tuple(range(8))
 SHARD_END_CUTS = (5, 7) if OTHER_START_METHOD else (5, 6, 7)
 WORKER_METHODS = ("multiprocessing",) if OTHER_START_METHOD else ("multiprocessing", "thread")
 
@@ -369,9 +371,8 @@ def test_the_state_is_json_safe(num_workers):
 # --- snapshot_every_n_steps (torchdata's name and meaning) ---------------------------------------------
 
 
-@pytest.mark.parametrize("every", [3, *NEVER])
-@pytest.mark.parametrize("persistent", [False, True])
-def test_snapshot_every_n_steps_resumes_at_every_cut(every, persistent):
+@pytest.mark.parametrize(("persistent", "every"), SNAPSHOT_SETTINGS)
+def test_snapshot_every_n_steps_resumes_at_every_cut(persistent, every):
     # Workers ship their state only before every n-th batch (never, with 0 or None); a state saved between
     # snapshots resumes from the last one and fetches the batches since again: the same batches either way.
     def make():
