@@ -6,9 +6,9 @@ protocol (see the NOTE below). Workers are processes by default, or threads with
 ``worker_method="thread"``.
 
 minidl's optional layers, tracing (minidl/trace.py) and resume (minidl/state.py), are iterator
-subclasses put on top in ``DataLoader._get_iterator``. Every line of ``DataLoader`` that serves one
-sits between ``# >>> layer: NAME`` and ``# <<< layer: NAME``. Delete those lines and the layer's file,
-and the loader runs without that layer (tests/test_layers_removed.py does it).
+subclasses put on top in ``DataLoader._get_iterator``. Every line of this file that serves one sits
+between ``# >>> layer: NAME`` and ``# <<< layer: NAME``, the few methods the layers extend included.
+Delete those lines and the layers' files, and the loader runs without them (tests/test_layers_removed.py does it).
 """
 
 from __future__ import annotations

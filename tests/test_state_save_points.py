@@ -30,7 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # that imports torch. There the file runs the cases that start worker processes (num_workers=0 and thread workers
 # run the same under every start method), and the sweeps take fewer points: two of the six snapshot settings
 # (one ships states every 3 batches without persistent workers, one never ships them, with), two of the eight save
-# points (one just after a snapshot, one between snapshots), two of the three cuts around a shard's end.
+# points (one just after a snapshot, one between snapshots), two of the three cuts around a shard's end, and the
+# state taken before iterating with persistent workers only.
 OTHER_START_METHOD = bool(os.environ.get("MINIDL_START_METHOD"))
 SNAPSHOT_SETTINGS = ([(False, 3), (True, 0)] if OTHER_START_METHOD
                      else [(persistent, every) for persistent in (False, True) for every in (3, 0, None)])
@@ -405,7 +406,7 @@ def test_snapshot_every_n_steps_is_checked():
 # --- torchdata's suite reads its private keys in a few tests: the same checks on minidl's state ----------
 
 
-@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("persistent", [True] if OTHER_START_METHOD else [False, True])
 def test_a_state_taken_before_iterating_resumes_whole_epochs(persistent):
     # torchdata's TestInitialState: its state has one snapshot per worker before any batch; minidl's says the
     # workers start fresh (None), and either way loading it gives the whole epoch, twice.
