@@ -38,11 +38,11 @@ unit: setup
 
 # The tests that start process workers, again with the default start method set to forkserver (Linux
 # from Python 3.14) and to spawn (macOS, Windows): tests/start_method/sitecustomize.py reads MINIDL_START_METHOD
-# in every process of the run. Tests about fork itself ask for it by name. test_state_save_points.py is left
-# out: under spawn it takes six minutes (every worker of its 22 tests imports torch), and CI has 90 in all.
+# in every process of the run. Tests about fork itself ask for it by name. test_state_save_points.py runs its
+# cases that start worker processes there, with fewer save points (see OTHER_START_METHOD in it).
 MP_TESTS := tests/test_worker.py tests/test_dataloader.py tests/test_torch_parity_loader.py tests/test_faults.py \
 	tests/test_shutdown.py tests/test_state.py tests/test_state_out_of_order.py tests/test_state_resume_cases.py \
-	tests/test_pin_memory.py tests/test_datapipes.py
+	tests/test_state_save_points.py tests/test_pin_memory.py tests/test_datapipes.py
 
 # The randomized resume test draws 12 settings under fork (make unit) and 4 here, where every worker imports torch.
 unit-forkserver unit-spawn: unit-%: setup

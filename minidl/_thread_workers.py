@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import os
 import queue
+import random
 import sys
 import threading
+
+import numpy as np
+
+from minidl import _random
 
 # A thread worker's WorkerInfo: threads share minidl.worker's module global, so each keeps its own here.
 _thread_local = threading.local()
@@ -82,6 +87,18 @@ def _untell_torch() -> None:
             torch_worker.get_worker_info.__code__ = _torch_own_code
             del torch_worker._minidl_thread_local
             _torch_own_code = None
+
+
+def _own_streams(seed: int, np_state: list[int]) -> tuple:
+    """A thread worker's own ``random``, torch and NumPy generators, seeded with the numbers a process worker
+    gives the global streams (``seed``, and ``np_state`` from ``_generate_state``)."""
+    torch_generator = None
+    if _random.HAS_TORCH:
+        import torch
+
+        torch_generator = torch.Generator()
+        torch_generator.manual_seed(seed)
+    return random.Random(seed), torch_generator, np.random.default_rng(np_state)
 
 
 class _ThreadWatchdog:

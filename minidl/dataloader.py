@@ -6,9 +6,9 @@ protocol (see the NOTE below). Workers are processes by default, or threads with
 ``worker_method="thread"``.
 
 minidl's optional layers, tracing (minidl/trace.py) and resume (minidl/state.py), are iterator
-subclasses put on top in ``DataLoader._get_iterator``. Every line of ``DataLoader`` that serves one
-sits between ``# >>> layer: NAME`` and ``# <<< layer: NAME``. Delete those lines and the layer's file,
-and the loader runs without that layer (tests/test_layers_removed.py does it).
+subclasses put on top in ``DataLoader._get_iterator``. Every line of this file that serves one sits
+between ``# >>> layer: NAME`` and ``# <<< layer: NAME``, the few methods the layers extend included.
+Delete those lines and the layers' files, and the loader runs without them (tests/test_layers_removed.py does it).
 """
 
 from __future__ import annotations
@@ -480,13 +480,24 @@ class _BaseDataLoaderIter:
             self._pg = _datapipe_process_group()
             self._seed_datapipe(loader)
         self._sampler_iter = iter(self._index_sampler)
-        self._base_seed = self._draw_base_seed(loader)
+        self._base_seed = (  # every worker's seed is base_seed + worker_id
+            # >>> layer: resume (minidl/state.py): a resumed epoch takes the base_seed it was saved with
+            self._resumed_base_seed(loader) if getattr(self, "_resumed", None) is not None else
+            # <<< layer: resume
+            _random.draw_seed(loader.generator)
+        )
         self._persistent_workers = loader.persistent_workers
         self._num_yielded = 0
 
-    def _draw_base_seed(self, loader: DataLoader) -> int:
-        """The seed all workers' seeds derive from (``base_seed + worker_id``): one draw from the loader's generator."""
-        return _random.draw_seed(loader.generator)
+    # >>> layer: shared by tracing and resume: a layer's iterator mixin (minidl/trace.py, minidl/state.py) extends
+    def _layer_create_fetcher(self, create_fetcher):
+        """The fetcher factory the main process uses, with the layers' main sides around it (none: as it is)."""
+        return create_fetcher
+
+    def _layer_workers(self, worker_id: int) -> tuple:
+        """The layers' worker sides for worker ``worker_id``, passed in ``_WorkerOptions.layers`` (see worker.py)."""
+        return ()
+    # <<< layer: shared
 
     def __iter__(self):
         return self
@@ -557,10 +568,11 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
             from torch.utils.data.graph_settings import apply_sharding
 
             apply_sharding(self._dataset, *_get_distributed_settings())
-        self._dataset_fetcher = self._create_fetcher()
-
-    def _create_fetcher(self):
-        return _DatasetKind.create_fetcher(
+        create_fetcher = _DatasetKind.create_fetcher
+        # >>> layer: shared by tracing and resume
+        create_fetcher = self._layer_create_fetcher(create_fetcher)
+        # <<< layer: shared
+        self._dataset_fetcher = create_fetcher(
             self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn, self._drop_last
         )
 
@@ -696,7 +708,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     self._num_workers,
                     self._persistent_workers,
                     self._shared_seed,
-                    self._worker_options(i),
+                    _WorkerOptions(
+                        worker_method=self._worker_method,
+                        # >>> layer: shared by tracing and resume
+                        layers=self._layer_workers(i),
+                        # <<< layer: shared
+                    ),
                 ),
                 name=f"minidl_worker_{i}",
             )
@@ -710,7 +727,20 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         if self._pin_memory:
             self._pin_memory_thread_done_event = threading.Event()
             self._data_queue = queue.Queue()
-            self._pin_memory_thread = self._start_pin_memory_thread(self._worker_result_queue, self._data_queue)
+            from minidl.pin_memory import _pin_memory_loop
+
+            in_queue, out_queue = self._worker_result_queue, self._data_queue
+            # >>> layer: tracing (minidl/trace.py): its queues note when the thread pins each batch
+            in_queue, out_queue = self._traced_pin_queues(in_queue, out_queue)
+            # <<< layer: tracing
+            pin_memory_thread = threading.Thread(
+                target=_pin_memory_loop,
+                args=(in_queue, out_queue, self._pin_memory_thread_done_event, self._pin_memory_device),
+                name="minidl_pin_memory",
+            )
+            pin_memory_thread.daemon = True
+            pin_memory_thread.start()
+            self._pin_memory_thread = pin_memory_thread  # recorded once started, as the workers are
         else:
             self._data_queue = self._worker_result_queue
 
@@ -724,21 +754,11 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             _atexit_registered = True
         self._reset(loader, first_iter=True)
 
-    def _worker_options(self, worker_id: int) -> _WorkerOptions:
-        """minidl's additions to a worker's arguments; a layer (trace.py, state.py) adds its worker side here."""
-        return _WorkerOptions(worker_method=self._worker_method)
-
-    def _start_pin_memory_thread(self, in_queue, out_queue) -> threading.Thread:
-        from minidl.pin_memory import _pin_memory_loop
-
-        thread = threading.Thread(
-            target=_pin_memory_loop,
-            args=(in_queue, out_queue, self._pin_memory_thread_done_event, self._pin_memory_device),
-            daemon=True,
-            name="minidl_pin_memory",
-        )
-        thread.start()
-        return thread
+    # >>> layer: tracing (minidl/trace.py)
+    def _traced_pin_queues(self, in_queue, out_queue) -> tuple:
+        """The pin thread's two queues; the traced iterator wraps them (untraced: as they are)."""
+        return in_queue, out_queue
+    # <<< layer: tracing
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
         if self._failure is not None:  # persistent workers, one of them dead: as torch, raise again

@@ -73,8 +73,8 @@ from minidl.worker import (
 #                                                       state that came with the batch handed out
 #
 # A worker whose streams and `ended` are as they were in the last state it sent ships _Unchanged (its id)
-# instead, and the main process takes the state it last received from that worker (_last_sent): a dataset that
-# draws nothing costs a few bytes a batch, not ~14 kB.
+# instead, and the main process takes the state it last received from that worker (_last_sent). A dataset that
+# draws nothing then adds a few bytes to each batch, not the three streams' full states.
 #
 # state_dict() reads _worker_states and never talks to a worker. A worker ships its state with every task
 # only when snapshot_every_n_steps=1 (torchdata's name and default); with n > 1 it ships it with the tasks
@@ -198,7 +198,7 @@ def _raw_streams(rng) -> tuple:
 
 
 # What a worker ships instead of a WorkerState equal to the last one it sent: its id. Most datasets draw
-# nothing, so a worker's streams stay put and each batch carries a few bytes instead of ~14 kB.
+# nothing, so a worker's streams stay put, and each batch carries its id instead of the streams' full states.
 _Unchanged = namedtuple("_Unchanged", "worker_id")
 
 
@@ -517,11 +517,12 @@ class _StatefulIterMixin:
         loader._resume_state = None
         loader._last_iterator = self  # a strong reference, as torchdata's: state_dict() after a `break` needs it
 
-    def _draw_base_seed(self, loader) -> int:
+    def _resumed_base_seed(self, loader) -> int:
+        """A resumed epoch's base_seed: drawn again from the replayed generators, as the saved epoch drew it."""
         resumed = self._resumed
-        drawn = super()._draw_base_seed(loader) if resumed is None or resumed.draws_base_seed else None
-        # A persistent loader's later epoch: its workers kept the first one.
-        return drawn if resumed is None or resumed.base_seed is None else resumed.base_seed
+        drawn = _random.draw_seed(loader.generator) if resumed.draws_base_seed else None
+        # A persistent loader's later epoch draws none: its workers kept the first one.
+        return drawn if resumed.base_seed is None else resumed.base_seed
 
     def _skip_consumed(self, tasks_done: int) -> None:
         """Draw the index batches the consumer had, unfetched, and the next one too (a sampler may draw in chunks),
@@ -598,9 +599,10 @@ class _StatefulSingleIter(_StatefulIterMixin):
         self._tasks_drawn += 1  # a batch whose fetch raised is had too: a caught error is not fetched again
         return index
 
-    def _create_fetcher(self):  # an iterable dataset's state goes back before iter(dataset) reads it
+    def _layer_create_fetcher(self, create_fetcher):  # an iterable dataset's state goes back before iter() reads it
+        create_fetcher = super()._layer_create_fetcher(create_fetcher)
         main = self._resumed and self._resumed.main if self._dataset_kind == _DatasetKind.Iterable else None
-        return resumed_fetcher(main, self._dataset, super()._create_fetcher)
+        return lambda *args: resumed_fetcher(main, self._dataset, lambda: create_fetcher(*args))
 
     def _state_dict(self, loader) -> LoaderState:
         fetcher = self._dataset_fetcher
@@ -632,14 +634,13 @@ class _StatefulMultiIter(_StatefulIterMixin):
                 raise
         self._started(loader)
 
-    def _worker_options(self, worker_id: int):
-        options = super()._worker_options(worker_id)
+    def _layer_workers(self, worker_id: int) -> tuple:
         resume = self._resumed.workers[worker_id] if self._resumed is not None and self._resumed.workers else None
         epoch_len = _len_or_none(self._index_sampler) if self._dataset_kind == _DatasetKind.Map else None
         replay = self._resumed and self._resumed.replay_in_workers  # an IterableDataset's: a BatchSampler or none
         replay = replay and (replay[worker_id], self._auto_collation and [None] * self._index_sampler.batch_size)
         layer = _StatefulWorker(self._every, self._num_workers, epoch_len, resume, *(replay or ()))
-        return dataclasses.replace(options, layers=(*options.layers, layer))
+        return (*super()._layer_workers(worker_id), layer)
 
     def _reset(self, loader, first_iter: bool = False) -> None:
         resumed = self._resumed if first_iter else None

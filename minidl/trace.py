@@ -14,7 +14,6 @@ recorded in worker processes and in the main process share one time axis.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import math
@@ -343,9 +342,11 @@ class _TracedIterMixin:
 class _TracedSingleIter(_TracedIterMixin):
     """``num_workers=0``, traced: the main process records its own fetch, collate and pin."""
 
-    def _create_fetcher(self):
-        return traced_fetcher(self._dataset_kind, self._dataset, self._auto_collation, self._collate_fn,
-                              self._drop_last, self._recorder)
+    def _layer_create_fetcher(self, create_fetcher):
+        """The traced fetcher, which records its own fetch and collate, instead of the base one."""
+        recorder = self._recorder
+        return lambda kind, dataset, auto_collation, collate_fn, drop_last: traced_fetcher(
+            kind, dataset, auto_collation, collate_fn, drop_last, recorder)
 
     def _next_data(self):
         self._trace_batch = self._recorder.batch = batch = self._num_yielded  # the batch the fetcher records
@@ -359,15 +360,12 @@ class _TracedMultiIter(_TracedIterMixin):
     """``num_workers > 0``, traced: records each send and receive; workers record their own steps and ship them
     with each batch."""
 
-    def _worker_options(self, worker_id: int):
-        options = super()._worker_options(worker_id)
-        worker = _TracedWorker(pickles=options.worker_method != "thread")
-        return dataclasses.replace(options, layers=(*options.layers, worker))
+    def _layer_workers(self, worker_id: int) -> tuple:
+        return (*super()._layer_workers(worker_id), _TracedWorker(pickles=self._worker_method != "thread"))
 
-    def _start_pin_memory_thread(self, in_queue, out_queue):
+    def _traced_pin_queues(self, in_queue, out_queue) -> tuple:
         recorder = Recorder("pin")  # a "pin" span: from taking a batch off in_queue to putting it on out_queue
-        return super()._start_pin_memory_thread(_TracedPinInQueue(in_queue, recorder),
-                                                _TracedPinOutQueue(out_queue, recorder))
+        return _TracedPinInQueue(in_queue, recorder), _TracedPinOutQueue(out_queue, recorder)
 
     def _try_put_index(self) -> None:
         sent, start = self._send_idx, now()

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from minidl import _random
-from minidl._thread_workers import _tell_torch, _thread_local, _ThreadWatchdog, _untell_torch
+from minidl._thread_workers import _own_streams, _tell_torch, _thread_local, _ThreadWatchdog, _untell_torch
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 from minidl.fetch import _DatasetKind
 
@@ -130,14 +130,10 @@ def _seed_worker(base_seed: int, worker_id: int, worker_method: str) -> tuple[in
     """
     seed = base_seed + worker_id
     np_state = _generate_state(base_seed, worker_id)
+    # >>> thread workers (minidl/_thread_workers.py): threads share the global streams, so each gets its own
     if worker_method == "thread":
-        torch_generator = None
-        if _random.HAS_TORCH:
-            import torch
-
-            torch_generator = torch.Generator()
-            torch_generator.manual_seed(seed)
-        return seed, _RNG(random.Random(seed), torch_generator, np.random.default_rng(np_state))
+        return seed, _RNG(*_own_streams(seed, np_state))
+    # <<< thread workers
     random.seed(seed)
     np.random.seed(np_state)
     if _random.HAS_TORCH:

@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -22,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from minidl_course.crash import DiesInWorker
+from minidl_course.pitfalls import run_child as run_child_process
 
 TORCH_OUTER = "DataLoader worker (pid(s) <pid>) exited unexpectedly"  # torch 2.13's message, pids hidden
 # The words of torch's signal handler for one dead worker (its C++ message, which the outer one wraps as the cause).
@@ -78,27 +78,19 @@ def run_child(args: list[str], hang_s: float = HANG_S, startup_s: float = STARTU
     ``hung``: whether the watchdog (or, failing it, this call's own timeout) stopped it; a child that fails
     otherwise raises ``RuntimeError`` with its stderr;
     ``pid``: the child's, which is also its process group's id.
-    Whatever is left of its process group afterwards is killed, so no worker outlives the call.
+    The child runs through ``pitfalls.run_child``, which kills whatever is left of its process group afterwards,
+    so no worker outlives the call.
     """
-    cmd = [sys.executable, "-m", "minidl_course.ch06", *args, str(hang_s), str(startup_s)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    timed_out = False
-    try:
-        # the child's own watchdog ends it first; this allows for the interpreter's start before the watchdog's
-        out, err = proc.communicate(timeout=60 + startup_s + 2 * hang_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        timed_out = True
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # anything of the group still there (nothing, when all went well)
-    except ProcessLookupError:
-        pass
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    hung = timed_out or bool(lines) and "hung" in lines[-1]
-    if not hung and (proc.returncode != 0 or not lines):  # a broken child is a bug here, not torch's race
-        raise RuntimeError(f"python -m minidl_course.ch06 {' '.join(args)} failed ({proc.returncode}): {err[-2000:]}")
-    return {"lines": lines, "hung": hung, "pid": proc.pid, "returncode": proc.returncode, "stderr": err[-2000:]}
+    # The child's own watchdog ends it first; this timeout allows for the interpreter's start before the watchdog's.
+    run = run_child_process([*args, str(hang_s), str(startup_s)], timeout=60 + startup_s + 2 * hang_s,
+                            module="minidl_course.ch06")
+    lines = [json.loads(line) for line in run["stdout"].splitlines() if line.startswith("{")]
+    hung = run["timed_out"] or bool(lines) and "hung" in lines[-1]
+    if not hung and (run["returncode"] != 0 or not lines):  # a broken child is a bug here, not torch's race
+        raise RuntimeError(f"python -m minidl_course.ch06 {' '.join(args)} failed ({run['returncode']}): "
+                           f"{run['stderr'][-2000:]}")
+    return {"lines": lines, "hung": hung, "pid": run["pid"], "returncode": run["returncode"],
+            "stderr": run["stderr"][-2000:]}
 
 
 def torch_death(how: str, context: str, tries: int = 10, hang_s: float = HANG_S) -> dict:

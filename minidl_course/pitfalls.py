@@ -43,14 +43,15 @@ def global_draws(n: int = 2) -> tuple[int, dict[str, list[float]]]:
     return os.getpid(), draws
 
 
-def run_child(args: list[str], timeout: float = 60.0, prefix: tuple[str, ...] = ()) -> dict:
-    """Run ``python -m minidl_course.pitfall_run *args`` in a fresh interpreter, at most ``timeout`` s.
+def run_child(args: list[str], timeout: float = 60.0, prefix: tuple[str, ...] = (),
+              module: str = "minidl_course.pitfall_run") -> dict:
+    """Run ``python -m module *args`` (by default the pitfalls' child) in a fresh interpreter, at most ``timeout`` s.
 
-    Returns its pid, exit code, stderr and the JSON it printed last (or ``None``). The child runs in its own
-    process group, and the whole group is killed if it overstays, so nothing it started outlives it.
-    ``prefix`` goes before the command (``unshare ...``: see ``run_in_namespace``).
+    Returns its pid, exit code, whether it timed out, its stdout and stderr, and the JSON it printed last (or
+    ``None``). The child runs in its own process group, and the whole group is killed if it overstays, so nothing
+    it started outlives it. ``prefix`` goes before the command (``unshare ...``: see ``run_in_namespace``).
     """
-    cmd = [*prefix, sys.executable, "-m", "minidl_course.pitfall_run", *args]
+    cmd = [*prefix, sys.executable, "-m", module, *args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
@@ -59,8 +60,12 @@ def run_child(args: list[str], timeout: float = 60.0, prefix: tuple[str, ...] = 
         os.killpg(proc.pid, 9)
         out, err = proc.communicate()
         timed_out = True
+    try:
+        os.killpg(proc.pid, 9)  # anything of the group still there (nothing, when all went well)
+    except ProcessLookupError:
+        pass
     lines = [line for line in out.splitlines() if line.startswith("{")]
-    return {"pid": proc.pid, "returncode": proc.returncode, "timed_out": timed_out, "stderr": err,
+    return {"pid": proc.pid, "returncode": proc.returncode, "timed_out": timed_out, "stdout": out, "stderr": err,
             "result": json.loads(lines[-1]) if lines else None}
 
 

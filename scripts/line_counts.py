@@ -59,7 +59,7 @@ LAYERS = (  # then minidl's layers: torch has no file for them
     Row("layer: tracing", ("trace.py", "trace_analysis.py", "layer: tracing"),
         label="`trace.py`, `trace_analysis.py` + their marked blocks"),
     Row("layer: resume", ("state.py", "layer: resume")),
-    Row("what tracing and resume share in the worker", ("layer: shared",), label="`worker.py`: its marked blocks"),
+    Row("what tracing and resume share", ("layer: shared",), label="marked blocks in `worker.py`, `dataloader.py`"),
     Row("layer: thread workers", ("_thread_workers.py",)),
     Row("layer: the CUDA-stream prefetcher", ("prefetch.py",)),
 )

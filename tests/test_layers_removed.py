@@ -25,7 +25,11 @@ LAYER_FILES = ("trace.py", "trace_analysis.py", "state.py")
 BLOCK = re.compile(r"^[ \t]*# >>> layer: (\w+).*?^[ \t]*# <<< layer: \1[^\n]*\n", re.MULTILINE | re.DOTALL)
 # Names that belong to the layers alone: none may be left in the stripped package's code.
 LAYER_NAMES = {"trace", "stateful", "snapshot_every_n_steps", "_last_iterator", "_resume_state", "state_dict",
-               "load_state_dict", "traced_iterators", "stateful_iterators", "ship", "unship", "layers"}
+               "load_state_dict", "traced_iterators", "stateful_iterators", "ship", "unship", "layers",
+               # the methods a layer's iterator mixin extends, and what the resume layer sets before the base's
+               "_layer_create_fetcher", "_layer_workers", "_traced_pin_queues", "_resumed_base_seed", "_resumed",
+               # the hooks these replaced: torch's own code does each inline
+               "_draw_base_seed", "_create_fetcher", "_worker_options", "_start_pin_memory_thread"}
 # The loader's own tests; the few that use a layer are left out by name.
 LOADER_TESTS = ["test_fetch.py", "test_dataloader.py", "test_worker.py", "test_shutdown.py", "test_pin_memory.py",
                 "test_torch_parity_loader.py"]

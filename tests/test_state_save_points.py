@@ -26,6 +26,23 @@ torch = pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.usefixtures("no_leaks"), pytest.mark.timeout(300)]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Under another start method (make unit-spawn, unit-forkserver) every worker process starts a fresh interpreter
+# that imports torch. There the file runs the cases that start worker processes (num_workers=0 and thread workers
+# run the same under every start method), and the sweeps take fewer points: two of the six snapshot settings
+# (one ships states every 3 batches without persistent workers, one never ships them, with), two of the eight save
+# points (one just after a snapshot, one between snapshots), two of the three cuts around a shard's end, and the
+# state taken before iterating with persistent workers only.
+OTHER_START_METHOD = bool(os.environ.get("MINIDL_START_METHOD"))
+SNAPSHOT_SETTINGS = ([(False, 3), (True, 0)] if OTHER_START_METHOD
+                     else [(persistent, every) for persistent in (False, True) for every in (3, 0, None)])
+CUTS = (1, 4) if OTHER_START_METHOD else tuple(range(8))
+SHARD_END_CUTS = (5, 7) if OTHER_START_METHOD else (5, 6, 7)
+WORKER_METHODS = ("multiprocessing",) if OTHER_START_METHOD else ("multiprocessing", "thread")
+
+
+def worker_counts(*counts: int) -> list[int]:
+    """The ``num_workers`` values to test: under another start method, only those that start worker processes."""
+    return [n for n in counts if n or not OTHER_START_METHOD]
 
 
 def seed_everything(s: int) -> None:
@@ -47,7 +64,7 @@ def resume_from(make, state) -> minidl.DataLoader:
 # --- the four real bugs -------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_state_dict_after_breaking_out_of_a_for_loop_resumes_after_the_break(num_workers):
     # The loader held its iterator only weakly: leaving the loop dropped it, and state_dict() restarted the epoch.
     def make():
@@ -60,7 +77,7 @@ def test_state_dict_after_breaking_out_of_a_for_loop_resumes_after_the_break(num
     assert flat(resume_from(make, loader.state_dict())) == list(range(3, 10))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_state_between_epochs_with_shuffle_and_no_generator_gives_the_next_two_epochs(num_workers):
     def make():
         return minidl.DataLoader(toy.RangeDataset(8), shuffle=True, num_workers=num_workers, stateful=True,
@@ -139,7 +156,7 @@ class LiveState(minidl.IterableDataset):
         self.state = dict(state)
 
 
-@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 1))
 def test_a_dataset_returning_its_live_state_dict_is_saved_where_the_consumer_stands(num_workers):
     def make():
         return minidl.DataLoader(LiveState(), batch_size=None, num_workers=num_workers, stateful=True)
@@ -169,7 +186,7 @@ class OwnShuffleBatchSampler:
         return 4
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_a_custom_batch_sampler_s_own_generator_is_saved(num_workers):
     def make():
         return minidl.DataLoader(toy.RangeDataset(8), batch_sampler=OwnShuffleBatchSampler(), num_workers=num_workers,
@@ -186,7 +203,7 @@ def test_a_custom_batch_sampler_s_own_generator_is_saved(num_workers):
     assert flat(got) + flat(resume_from(make, state)) == epochs[1]
 
 
-@pytest.mark.parametrize("worker_method", ["multiprocessing", "thread"])
+@pytest.mark.parametrize("worker_method", WORKER_METHODS)
 def test_state_dict_never_waits_on_a_slow_worker_nor_takes_a_late_answer(worker_method):
     # Before: state_dict() asked the workers and waited up to `timeout`; a late answer was taken by the next call.
     dataset = toy.SlowOnceDataset(12, slow_index=4, delay=4.0)
@@ -229,7 +246,7 @@ class UnevenStream(minidl.IterableDataset):
         self.position = state["position"]
 
 
-@pytest.mark.parametrize("cut", [5, 6, 7])
+@pytest.mark.parametrize("cut", SHARD_END_CUTS)
 def test_persistent_workers_whose_shard_ended_keep_their_random_streams(cut):
     # Worker 1's shard ends at task 5; a state saved after the loader stopped sending it work must still hold
     # its streams, or the next epoch, on the same persistent worker, replays the draws of the first.
@@ -248,7 +265,7 @@ def test_persistent_workers_whose_shard_ended_keep_their_random_streams(cut):
     assert got + [repr(b) for _ in range(2) for b in resumed][:16 - cut] == full
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_state_dict_from_another_thread_while_the_loop_runs(num_workers):
     loader = minidl.DataLoader(toy.SlowDataset(40, delay=0.005), batch_size=2, num_workers=num_workers,
                                stateful=True, collate_fn=list)
@@ -286,7 +303,7 @@ class StateDictRaises(toy.RangeDataset):
         pass
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_a_map_dataset_whose_state_dict_raises_forwards_the_error(num_workers):
     loader = minidl.DataLoader(StateDictRaises(8), num_workers=num_workers, stateful=True)
     with pytest.raises(ZeroDivisionError, match="the dataset's state_dict\\(\\) failed"):
@@ -333,7 +350,7 @@ def test_prefetch_factor_without_workers_says_what_torch_says():
 # --- torchdata's contracts adopted ----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_the_state_is_json_safe(num_workers):
     def make():
         return minidl.DataLoader(toy.GlobalRandomDataset(12), batch_size=2, shuffle=True, num_workers=num_workers,
@@ -355,9 +372,8 @@ def test_the_state_is_json_safe(num_workers):
 # --- snapshot_every_n_steps (torchdata's name and meaning) ---------------------------------------------
 
 
-@pytest.mark.parametrize("every", [3, 0, None])
-@pytest.mark.parametrize("persistent", [False, True])
-def test_snapshot_every_n_steps_resumes_at_every_cut(every, persistent):
+@pytest.mark.parametrize(("persistent", "every"), SNAPSHOT_SETTINGS)
+def test_snapshot_every_n_steps_resumes_at_every_cut(persistent, every):
     # Workers ship their state only before every n-th batch (never, with 0 or None); a state saved between
     # snapshots resumes from the last one and fetches the batches since again: the same batches either way.
     def make():
@@ -368,7 +384,7 @@ def test_snapshot_every_n_steps_resumes_at_every_cut(every, persistent):
     full = make()
     epochs = [[repr(b) for b in full] for _ in range(2)]
     replays = []
-    for cut in range(8):
+    for cut in CUTS:
         loader = make()
         it = iter(loader)
         got = [repr(next(it)) for _ in range(cut)]
@@ -378,7 +394,8 @@ def test_snapshot_every_n_steps_resumes_at_every_cut(every, persistent):
         resumed = resume_from(make, state)
         assert got + [repr(b) for b in resumed] == epochs[0], cut
         assert [repr(b) for b in resumed] == epochs[1], cut
-    assert replays == ([0, 1, 2, 0, 1, 2, 0, 0] if every == 3 else list(range(7)) + [0])
+    expected = [0, 1, 2, 0, 1, 2, 0, 0] if every == 3 else list(range(7)) + [0]  # at cuts 0 to 7
+    assert replays == [expected[cut] for cut in CUTS]
 
 
 def test_snapshot_every_n_steps_is_checked():
@@ -389,7 +406,7 @@ def test_snapshot_every_n_steps_is_checked():
 # --- torchdata's suite reads its private keys in a few tests: the same checks on minidl's state ----------
 
 
-@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("persistent", [True] if OTHER_START_METHOD else [False, True])
 def test_a_state_taken_before_iterating_resumes_whole_epochs(persistent):
     # torchdata's TestInitialState: its state has one snapshot per worker before any batch; minidl's says the
     # workers start fresh (None), and either way loading it gives the whole epoch, twice.
@@ -478,7 +495,7 @@ class OwnIterator(minidl.IterableDataset, CountingIterator):
 
 
 @pytest.mark.parametrize("dataset_cls", [IteratorHoldsState, OwnIterator])
-@pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 1))
 def test_the_iterator_s_own_state_is_saved_and_loaded_after_iter(dataset_cls, num_workers):
     # torchdata saves the state of the iterator iter(dataset) returns, and loads it after iter().
     def make():
@@ -543,7 +560,7 @@ class CountsIterCalls(minidl.IterableDataset):
         self.iter_calls, self.position = state["iter_calls"], state["position"]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", worker_counts(0, 2))
 def test_iter_is_called_once_per_replica_also_when_resumed(num_workers):
     # torchdata's TestSingleIterCalled reads its private keys; here each replica's state says how often it was iter()ed.
     def make():
