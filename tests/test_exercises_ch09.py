@@ -174,3 +174,16 @@ def _never_restarts_the_clock(run_epoch, rounds):
 ])
 def test_ch09_a_timer_in_the_wrong_unit_or_never_restarted_is_named_on_the_stand_in(timer, hint):
     rejects_with_hint(ch09.check_timer, timer, ch09._Checks(), hint=hint)
+
+
+def test_ch09_an_answer_measured_before_the_machine_changed_is_judged_on_a_second_measurement(capsys):
+    """The learner's cell measured threads faster; by the time the checker measures, another program has taken a
+    core and processes come out ahead in every round. The checker measures once more: the right answer passes when
+    the second measurement agrees with it, and a wrong one is still refused when both measurements refuse it."""
+    answer = {"python_loop": "thread", "sleep_numpy": "thread"}
+    changed = iter([ch09_measured(loop=(1.0, 1.3)), ch09_measured(loop=(1.0, 0.5))])
+    ch09.check_choice(time_methods, answer, measure=lambda f: next(changed))
+    out = capsys.readouterr().out
+    assert "measures once more" in out and "All 4 checks passed" in out
+    rejects_with_hint(ch09.check_choice, time_methods, answer, measure=lambda f: ch09_measured(loop=(1.0, 1.3)),
+                      hint="a pure-Python loop holds the GIL")

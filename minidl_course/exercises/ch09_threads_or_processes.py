@@ -165,8 +165,22 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
                          + f" per epoch (median of {len(measured.seconds[name][METHODS[0]])} rounds)"
                          for name in WORKLOADS)
 
+    def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
+        # Your cell measured before this one: if the machine got busier or quieter since, a clear gap can change
+        # sides. So an answer the first measurement refuses is judged again on a second one, which must agree.
+        if not measured.problem and any(_refused(faster[name], measured, name) for name in WORKLOADS):
+            print("Your answer differs from this measurement, so the checker measures once more:")
+            measured = measure(time_methods)
+            print(report(measured))
+        judge(faster, measured, checks)
+
     return measure_then_judge([time_methods], check_first, lambda: measure(time_methods), report,
-                              lambda measured, checks: judge(faster, measured, checks))
+                              judge_again_if_refused)
+
+
+def _refused(answer: str, measured: Measured, name: str) -> bool:
+    """Whether ``judge`` would refuse ``answer`` for workload ``name`` on this measurement."""
+    return measured.gap(name) >= BAND and min(measured.round_gaps(name)) >= BAND and answer != measured.faster(name)
 
 
 def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks: _Checks) -> None:
