@@ -11,7 +11,8 @@ compared with the committed ones (a Mac prints other numbers); a notebook fails,
 ``YourTurn`` is so tagged), on cells left unrun, and on a committed plot the run did not draw.
 
 Left out unless ``--all`` or named: notebooks that start no process worker and ask the platform nothing
-(``SKIPPED``); under the stand-in they run exactly as under ``make nbval-spawn``, which runs them already.
+(``SKIPPED``): the start method cannot change them, and ``make nbval`` runs them. ``make test`` runs this script:
+it is CI's spawn run of the notebooks.
 """
 
 from __future__ import annotations
