@@ -204,3 +204,17 @@ def times_a_copy_of_the_dataset(loader):
 def test_check_slow_sample_refuses_timing_the_samples_outside_the_loader(wrong):
     rejects(check_slow_sample, wrong, r"fetched 24 samples itself \(dataset\[i\]\), outside the loader.*"
                                       r"the loader's trace has already timed every getitem")
+
+
+def test_a_last_started_sample_that_is_also_the_fastest_gets_both_hints():
+    # On a busy machine the sample that started last can also be the quickest: the hint names both mistakes.
+    from types import SimpleNamespace
+
+    from minidl_course.exercises import ch04_slow_sample as ch04
+
+    rows = [{"event": "getitem", "index": i, "batch": i // 4, "start": float(i), "end": i + (0.5 if i < 7 else 0.1)}
+            for i in range(8)]
+    rows[2]["end"] = 2.9  # sample 2 is the slow one
+    loader = SimpleNamespace(trace=SimpleNamespace(rows=lambda: rows))
+    hint = ch04._wrong_answer_hint(loader, 7, slowest=2, batch_size=4, shuffle=False)
+    assert "that is the fastest sample" in hint and "started last" in hint

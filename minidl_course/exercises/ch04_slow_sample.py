@@ -139,9 +139,12 @@ def _wrong_answer_hint(loader: DataLoader, answer, slowest: int, batch_size: int
     if slow_row is not None and answer == slow_row["batch"]:
         return (f"{answer} is the number of the batch that held the slow sample; each getitem row carries the "
                 "sample's own index in row['index'].")
+    fastest = getitems and answer == min(getitems, key=lambda r: r["end"] - r["start"]).get("index")
+    fastest_hint = "that is the fastest sample: take the getitem row with the longest end - start (max, not min)."
     if getitems and answer == max(getitems, key=lambda r: r["start"]).get("index"):
-        return ("that sample started last, it wasn't the slowest: a row's duration is row['end'] - row['start']; "
-                "take the getitem row with the longest one.")
+        started_last = ("that sample started last, it wasn't the slowest: a row's duration is row['end'] - "
+                        "row['start']; take the getitem row with the longest one.")
+        return f"{fastest_hint} Or: {started_last}" if fastest else started_last  # the last one can be the fastest
     if slow_row is not None and shuffle:
         same_batch = [r for r in getitems if r["batch"] == slow_row["batch"]]
         position = slow_row["batch"] * batch_size + same_batch.index(slow_row)
@@ -150,8 +153,7 @@ def _wrong_answer_hint(loader: DataLoader, answer, slowest: int, batch_size: int
                     "row carries, row['index'].")
     near = [hint for applies, hint in (
         (answer in (slowest - 1, slowest + 1), "off by one: return row['index'] as the trace has it (0-based)."),
-        (getitems and answer == min(getitems, key=lambda r: r["end"] - r["start"]).get("index"),
-         "that is the fastest sample: take the getitem row with the longest end - start (max, not min).")) if applies]
+        (fastest, fastest_hint)) if applies]
     if near:
         return " Or: ".join(near)
     return ("look at the getitem rows of loader.trace.rows(): the one with the longest end - start is the slow "
