@@ -172,12 +172,13 @@ HANG_TIMEOUT_S = 30.0  # spawn starts two fresh interpreters: a few seconds, mor
 
 
 def hold_lock_forever() -> threading.Thread:
-    """Start a daemon thread that holds ``LOCK`` nearly all the time (a logger flushing, say), letting go briefly."""
+    """Start a daemon thread that holds ``LOCK`` nearly all the time (a logger writing to a slow disk, say), letting
+    go for half a millisecond each second."""
 
     def busy() -> None:
         while True:
             with LOCK:
-                time.sleep(0.05)
+                time.sleep(1.0)
             time.sleep(0.0005)
 
     thread = threading.Thread(target=busy, name="busy-logger", daemon=True)
