@@ -270,6 +270,11 @@ def expected_rows() -> list[tuple[str, str, str]]:
     trace = [f"trace numpy, {b}, {w} workers" for b, w in (("minidl", 0), ("minidl process", 2), ("minidl thread", 2))]
     out.append((" / ".join(f"{epochs[t, 'trace off'] / epochs[t, 'trace=True']:.2f}" for t in trace),
                 "no workers / 2 processes / 2 threads", "overhead.csv"))
+    resume = (("minidl", 0, "no workers, batch size 1 / 64"), ("minidl process", 2, "2 process workers"),
+              ("minidl thread", 2, "2 thread workers"))
+    for backend, w, phrase in resume:  # resume's cost: stateful=True over stateful=False
+        ratios = (median_ratio(pb[bs, w, f"{backend} stateful=True"], pb[bs, w, backend]) for bs in (1, 64))
+        out.append((" / ".join(f"{r:.2f}" for r in ratios), phrase, "overhead_rounds.csv"))
 
     kernels = {(r["task"], r["size"], r["method"], r["workers"]): float(r["median_s"])
                for r in read(f"{GIL_RUN}/kernels.csv")}
