@@ -35,49 +35,35 @@ def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], 
     return measured
 
 
-def rotations(names: Sequence[K], rounds: int) -> list[list[K]]:
-    """The order of each round: ``names`` rotated by one more each round, so none always goes first.
-
-    >>> rotations("abc", 4)
-    [['a', 'b', 'c'], ['b', 'c', 'a'], ['c', 'a', 'b'], ['a', 'b', 'c']]
-    """
+def held_rounds(names: Sequence[K], rounds: int, run: Callable[[K], tuple[float, float | None]],
+                off: Callable[[K, float, float | None], str] | None = None, factor: float = 1.25,
+                slack: float = 2e-3, warmup: bool = False) -> tuple[dict[K, list[float]], str]:
+    """The one harness: ``run(name)`` once per name per round, the order rotating each round (after a warm-up call
+    each, with ``warmup``). ``run`` gives a figure and the checker's own seconds for the same work (None: none ran);
+    returns each name's figures and ``off(name, figure, ours)`` for the first figure off that clock ("" if none)."""
     names = list(names)
-    return [names[r % len(names):] + names[:r % len(names)] for r in range(rounds)]
+    for name in names if warmup else []:
+        run(name)
+    figures: dict[K, list[float]] = {name: [] for name in names}
+    problem = ""
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            got, ours = run(name)
+            figures[name].append(got)
+            if off and not problem and off_the_clock([got], [] if ours is None else [ours], factor, slack) is not None:
+                problem = off(name, got, ours)
+    return figures, problem
 
 
 def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True,
                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Seconds per call of each function on the checker's clock, in rotating rounds, after one warm-up call each."""
-    if warmup:
-        for fn in fns.values():
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for order in rotations(fns, rounds):
-        for name in order:
-            start = clock()
-            fns[name]()
-            times[name].append(clock() - start)
-    return times
+    """Seconds per call of each function on the checker's clock, in ``held_rounds``' rotating rounds."""
+    def run(name: str) -> tuple[float, None]:
+        start = clock()
+        fns[name]()
+        return clock() - start, None
 
-
-def held_rounds(names: Sequence[K], rounds: int, run: Callable[[K], tuple[float, float | None]],
-                off: Callable[[K, float, float | None], str], factor: float = 1.25, slack: float = 2e-3,
-                warmup: bool = False) -> tuple[dict[K, list[float]], str]:
-    """The harness for a learner's timer the checker calls: ``run(name)`` calls it once and returns its figure and the
-    checker's own seconds for the same work (None: no such work ran), in rotating rounds. Returns each name's
-    figures and ``off(name, figure, ours)`` for the first figure off the checker's clock ("" if none)."""
-    if warmup:
-        for name in names:
-            run(name)
-    figures: dict[K, list[float]] = {name: [] for name in names}
-    problem = ""
-    for order in rotations(names, rounds):
-        for name in order:
-            got, ours = run(name)
-            figures[name].append(got)
-            if not problem and off_the_clock([got], [] if ours is None else [ours], factor, slack) is not None:
-                problem = off(name, got, ours)
-    return figures, problem
+    return held_rounds(fns, rounds, run, warmup=warmup)[0]
 
 
 class Stopwatch:
@@ -180,6 +166,11 @@ def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:
     """``measure()``, and once more if ``agree`` says no: a burst of load rarely flips both."""
     first = measure()
     return first if agree(first) else measure()
+
+
+def unless_close(measure: Callable[[], M], reported: Any, figure: Callable[[M], float], factor: float) -> M:
+    """``twice``, agreeing when ``reported`` is a number within ``factor`` of the measurement's ``figure``."""
+    return twice(measure, lambda m: close(as_number(reported) or 0, figure(m), factor))
 
 
 def agrees(reported: float, per_round: Sequence[float], factor: float) -> bool:

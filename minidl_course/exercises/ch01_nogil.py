@@ -15,15 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_hint
-from minidl_course.exercises._measure import (
-    Stopwatch,
-    as_number,
-    judge_figure,
-    measure_then_judge,
-    off_the_clock,
-    positive_numbers,
-)
 
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
 ROUNDS = 5
@@ -139,10 +132,10 @@ def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callab
     yours, work = logged_rounds(kernel), calibrate(kernel)  # the notebook's rounds, before the checker runs any
     progress = python_progress(kernel, work)
     rounds = rounds if progress >= GIL_FREE_FRACTION else 1  # it holds the GIL: threads can't overlap
-    watch = Stopwatch(kernel)
+    watch = harness.Stopwatch(kernel)
     got = call(thread_speedups, watch, 2 * work, rounds, what="thread_speedups", case="your kernel")
     clocked, problem = clock_rounds(watch.calls, 1, 1 + 2 * work, rounds)
-    return Measured(positive_numbers(got) or [], progress, work, clocked, problem, yours)
+    return Measured(harness.positive_numbers(got) or [], progress, work, clocked, problem, yours)
 
 
 def clock_rounds(calls: list[tuple[tuple[int, int], int, float, float]], start: int, stop: int,
@@ -200,17 +193,17 @@ def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Ca
                 + "; the rounds your notebook ran on your kernel, on the checker's clock: "
                 + (", ".join(f"{x:.2f}" for x in m.yours[-12:]) or "none"))
 
-    return measure_then_judge([kernel, thread_speedups], check_first, lambda: measure(kernel, thread_speedups),
-                              report, lambda measured, checks: judge(kernel, speedup, measured, checks))
+    return harness.measure_then_judge([kernel, thread_speedups], check_first, lambda: measure(kernel, thread_speedups),
+                                      report, lambda measured, checks: judge(kernel, speedup, measured, checks))
 
 
 def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _Checks) -> None:
     """Your ``thread_speedups`` on the two stand-ins: a list of ``rounds`` ratios, their median near x2 and x1."""
     for standin, want, case in STANDINS:
         got = call(thread_speedups, standin, 2000, STANDIN_ROUNDS, what="thread_speedups", case=case)
-        ratios = positive_numbers(got, STANDIN_ROUNDS)
+        ratios = harness.positive_numbers(got, STANDIN_ROUNDS)
         if ratios is None:
-            checks.fail(case, f"thread_speedups returned one number, {got!r}" if as_number(got) is not None else
+            checks.fail(case, f"thread_speedups returned one number, {got!r}" if harness.as_number(got) is not None else
                         f"thread_speedups(kernel, 2000, {STANDIN_ROUNDS}) should return {STANDIN_ROUNDS} positive "
                         f"numbers, one per round, but it returned {got!r}", "return the list of the rounds' speedups "
                         "(one per round, time both ways in each of `rounds` rounds); speedup is their median.")
@@ -265,7 +258,7 @@ def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None 
     if measured.problem:
         checks.fail(case, measured.problem, "time every round: call one_thread and two_threads in each round; a "
                     "round timed once and its ratio repeated is one measurement, not several.")
-    r = off_the_clock(measured.speedups, measured.clocked, slack=0)
+    r = harness.off_the_clock(measured.speedups, measured.clocked, slack=0)
     if r is not None:
         checks.fail(case, f"round {r + 1}: your thread_speedups says x{measured.speedups[r]:.2f}, but the kernel's "
                           f"calls in that round give x{measured.clocked[r]:.2f}",
@@ -277,12 +270,13 @@ def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None 
         checks.fail(case, "one_thread and two_threads never ran your kernel in this notebook",
                     "in thread_speedups, time one_thread(kernel, 1, 1 + span) and two_threads(kernel, 1, 1 + span); "
                     "run it on your kernel and set speedup to the median of what it returned.")
-    judge_figure(checks, case, "speedup", speedup,
-                 [statistics.median(rounds[-k:]) for k in range(min(3, len(rounds)), len(rounds) + 1)], SPEEDUP_FACTOR,
-                 "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).",
-                 "your notebook's rounds on your kernel, as one_thread and two_threads clocked them, were "
-                 + ", ".join(f"x{x:.2f}" for x in rounds[-8:]) + f": {speedup} is more than {SPEEDUP_FACTOR}x from "
-                 "the median of the last 3 or more of them",
-                 "set speedup from what your thread_speedups returned (the median of its rounds), not a number from "
-                 "elsewhere; if you ran it again since, take the median of the new rounds.", OTHER_WAY,
-                 {2.0: "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."})
+    harness.judge_figure(
+        checks, case, "speedup", speedup,
+        [statistics.median(rounds[-k:]) for k in range(min(3, len(rounds)), len(rounds) + 1)], SPEEDUP_FACTOR,
+        "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).",
+        "your notebook's rounds on your kernel, as one_thread and two_threads clocked them, were "
+        + ", ".join(f"x{x:.2f}" for x in rounds[-8:]) + f": {speedup} is more than {SPEEDUP_FACTOR}x from "
+        "the median of the last 3 or more of them",
+        "set speedup from what your thread_speedups returned (the median of its rounds), not a number from "
+        "elsewhere; if you ran it again since, take the median of the new rounds.", OTHER_WAY,
+        {2.0: "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."})

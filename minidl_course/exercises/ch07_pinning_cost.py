@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from minidl_course import pinning_demo
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call
-from minidl_course.exercises._measure import as_number, close, interleaved, judge_figure, measure_then_judge, twice
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
 ROUNDS = 15
@@ -54,8 +54,9 @@ def measure(pin_copy: Callable[..., np.ndarray], rounds: int = ROUNDS) -> Measur
     interleaved rounds."""
     batch = make_batch()
     reused = np.empty_like(batch)
-    times = interleaved({"pinned": lambda: [pin_copy(batch, pinning_demo.lock_pages) for _ in range(CALLS_PER_ROUND)],
-                         "reused": lambda: [copy_into(reused, batch) for _ in range(CALLS_PER_ROUND)]}, rounds=rounds)
+    calls = range(CALLS_PER_ROUND)
+    times = harness.interleaved({"pinned": lambda: [pin_copy(batch, pinning_demo.lock_pages) for _ in calls],
+                                 "reused": lambda: [copy_into(reused, batch) for _ in calls]}, rounds=rounds)
     return Measured(*([t / CALLS_PER_ROUND for t in times[way]] for way in ("pinned", "reused")))
 
 
@@ -63,9 +64,9 @@ def check_pin_copy(pin_copy: Callable[..., np.ndarray], ratio: Any, reuse_pays: 
                    measure: Callable[[Callable], Measured] = measure) -> Measured:
     """Check ch07: ``pin_copy`` copies into a fresh, locked buffer; ``ratio`` and ``reuse_pays`` match a measurement
     (taken twice if the first disagrees). Prints what it measured; raises AssertionError at the first problem."""
-    return measure_then_judge(
+    return harness.measure_then_judge(
         [pin_copy], lambda checks: check_copies(pin_copy, checks),
-        lambda: twice(lambda: measure(pin_copy), lambda m: close(as_number(ratio) or 0, m.ratio, RATIO_FACTOR)),
+        lambda: harness.unless_close(lambda: measure(pin_copy), ratio, lambda m: m.ratio, RATIO_FACTOR),
         lambda m: (f"Measured: pin_copy {np.median(m.pinned) * 1e3:.3f} ms per {BATCH_BYTES >> 20} MiB batch, a copy "
                    f"into a reused buffer {np.median(m.reused) * 1e3:.3f} ms; ratio {m.ratio:.2f} (median of "
                    f"{len(m.pinned)} rounds)"),
@@ -118,14 +119,15 @@ def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
 def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | None = None) -> None:
     """The verdict on the reported ``ratio`` and ``reuse_pays``, from the checker's measurement alone."""
     checks = checks or _Checks()
-    judge_figure(checks, f"your ratio, {ratio!r}, against the {measured.ratio:.2f} measured", "ratio", ratio,
-                 [measured.ratio], RATIO_FACTOR,
-                 "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.",
-                 f"that is more than {RATIO_FACTOR}x away from the median of the checker's rounds (measured twice if "
-                 "the first disagreed)",
-                 "time both in interleaved rounds (several calls per round), and report the median of the per-round "
-                 "ratios pin_copy time / reused copy time.",
-                 "you divided the other way round: pin_copy's time / the reused copy's time.")
+    harness.judge_figure(
+        checks, f"your ratio, {ratio!r}, against the {measured.ratio:.2f} measured", "ratio", ratio,
+        [measured.ratio], RATIO_FACTOR,
+        "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.",
+        f"that is more than {RATIO_FACTOR}x away from the median of the checker's rounds (measured twice if "
+        "the first disagreed)",
+        "time both in interleaved rounds (several calls per round), and report the median of the per-round "
+        "ratios pin_copy time / reused copy time.",
+        "you divided the other way round: pin_copy's time / the reused copy's time.")
     case = f"reuse_pays={reuse_pays!r}, with pinning a fresh buffer {measured.ratio:.2f}x a reused copy"
     if not isinstance(reuse_pays, bool):
         checks.fail(case, f"reuse_pays should be True or False, but it is {reuse_pays!r}",

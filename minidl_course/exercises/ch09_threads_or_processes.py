@@ -18,14 +18,8 @@ import numpy as np
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, _short, call, first_hint
-from minidl_course.exercises._measure import (
-    MILLISECONDS,
-    Stopwatch,
-    measure_then_judge,
-    off_the_clock,
-    positive_numbers,
-)
 
 METHODS = ("multiprocessing", "thread")
 WORKLOADS = ("python_loop", "sleep_numpy")
@@ -122,15 +116,15 @@ class Measured:
 def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: str) -> tuple[Any, Any, str]:
     """Your ``time_methods`` on ``run`` with each call on the checker's Stopwatch: what it returned, as
     ``{method: [seconds]}`` (None if not that), and where it left the checker's clock ("" if nowhere)."""
-    watch = Stopwatch(run)
+    watch = harness.Stopwatch(run)
     got = call(time_methods, watch, rounds, what="time_methods", case=case)
     ok = isinstance(got, Mapping) and set(got) == set(METHODS)
-    seconds = {m: positive_numbers(got[m], rounds) for m in METHODS} if ok else {}
+    seconds = {m: harness.positive_numbers(got[m], rounds) for m in METHODS} if ok else {}
     if not ok or None in seconds.values():
         return got, None, ""
     for method in METHODS:
         ours, yours = watch.seconds(method), seconds[method]
-        r = off_the_clock(yours, ours)
+        r = harness.off_the_clock(yours, ours)
         if r is not None:
             took = f"took {ours[r - len(yours)]:.3f} s" if len(ours) >= len(yours) else (
                 f"was made {len(ours)} times for {len(yours)} rounds")
@@ -177,8 +171,8 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
             print(report(measured))
         judge(faster, measured, checks)
 
-    return measure_then_judge([time_methods], check_first, lambda: measure(time_methods), report,
-                              judge_again_if_refused)
+    return harness.measure_then_judge([time_methods], check_first, lambda: measure(time_methods), report,
+                                      judge_again_if_refused)
 
 
 def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks: _Checks) -> None:
@@ -201,7 +195,7 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
             "time each run_epoch(method) call alone, with time.perf_counter() just before and just after it.",
             (near(lambda m: STANDIN_SECONDS[METHODS[1 - METHODS.index(m)]]), "your times are under the wrong method: "
              "keep each epoch's time under the method that ran it."),
-            (near(STANDIN_SECONDS.get, 1000), MILLISECONDS),
+            (near(STANDIN_SECONDS.get, 1000), harness.MILLISECONDS),
             (all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:])),
              "each time includes the rounds before it: read time.perf_counter() again just before each run_epoch "
              "call, not once at the start.")))

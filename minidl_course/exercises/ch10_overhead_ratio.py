@@ -15,17 +15,8 @@ from typing import Any
 
 from minidl.dataloader import DataLoader
 from minidl_course import toy
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, _torch, call, first_hint
-from minidl_course.exercises._measure import (
-    MILLISECONDS,
-    as_number,
-    close,
-    held_rounds,
-    judge_figure,
-    measure_then_judge,
-    off_the_clock,
-    twice,
-)
 
 BATCHES = 3000
 ROUNDS = 7
@@ -119,13 +110,13 @@ def measure(per_batch_seconds: Callable[[Iterable], Any], rounds: int = ROUNDS,
 
     def run(name: str) -> tuple[float, float]:
         got, ours = timed(per_batch_seconds, loaders[name], name)
-        number = as_number(got)
+        number = harness.as_number(got)
         if number is None or number <= 0:
             raise AssertionError(f"your per_batch_seconds returned {got!r} for the {name} loader: it should "
                                  "return seconds per batch, a positive number, as it did for PacedLoader")
         return number, ours
 
-    figures, problem = held_rounds(NAMES, rounds, run, _off, CLOCK_FACTOR, 1e-6, warmup=True)
+    figures, problem = harness.held_rounds(NAMES, rounds, run, _off, CLOCK_FACTOR, 1e-6, warmup=True)
     return Measured(figures["minidl"], figures["torch"], problem)
 
 
@@ -133,10 +124,9 @@ def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
                    measure: Callable[[Callable], Measured] = measure) -> Measured:
     """Check ch10: ``per_batch_seconds`` times a loader right, and ``ratio`` agrees with what it measures here
     (measured twice if the first disagrees). Prints what it measured; raises AssertionError at the first problem."""
-    return measure_then_judge(
+    return harness.measure_then_judge(
         [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
-        lambda: twice(lambda: measure(per_batch_seconds), lambda m: close(as_number(ratio) or 0, m.ratio,
-                                                                          RATIO_FACTOR)),
+        lambda: harness.unless_close(lambda: measure(per_batch_seconds), ratio, lambda m: m.ratio, RATIO_FACTOR),
         lambda m: (f"Measured with your per_batch_seconds: minidl {statistics.median(m.minidl) * 1e6:.1f} µs per "
                    f"batch, torch {statistics.median(m.torch) * 1e6:.1f} µs; ratio minidl / torch {m.ratio:.2f} "
                    f"(median of {len(m.minidl)} rounds, which ranged {min(m.ratios):.2f} to {max(m.ratios):.2f})"),
@@ -147,7 +137,7 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
     for batches, start, every in ((11, 0.2, 0.01), (3, 0.0, 0.05)):
         case = f"a loader of {batches} batches: the first after {start} s, then one every {every} s"
         got, ours = timed(per_batch_seconds, PacedLoader(batches, start, every), "paced")
-        number = as_number(got)
+        number = harness.as_number(got)
         if number is None:
             checks.fail(case, f"per_batch_seconds should return a number of seconds, but it returned {got!r}")
         high = number > every * 1.6  # else low: the hints for each side apply to it alone
@@ -157,14 +147,14 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
                 if high else "divide by the batches that arrived after the first one: n - 1 for n batches.",
                 (high and abs(number - 1 / every) < 1 / every * 0.4, "that looks like batches per second: return "
                  "seconds per batch."),
-                (high and abs(number / 1000 - every) < every * 0.4, MILLISECONDS),
+                (high and abs(number / 1000 - every) < every * 0.4, harness.MILLISECONDS),
                 (high and start and number >= (start + batches * every) / batches * 0.8, "you included the wait for "
                  "the first batch (worker start): start the clock when the first batch arrives."),
                 (not high and number < every * 0.1, "time the whole loop over the loader, not one next() call or the "
                  "creation of the iterator."),
                 (not high and 0.9 < number * batches / (batches - 1) / every < 1.3, "you divided by all n batches, "
                  "but the clock ran only from the first to the last: n - 1 intervals.")))
-        if off_the_clock([number], [ours], CLOCK_FACTOR, 1e-6) is not None:
+        if harness.off_the_clock([number], [ours], CLOCK_FACTOR, 1e-6) is not None:
             checks.fail(case, _off("paced", number, ours), CLOCK_HINT)
         checks.passed += 1
 
@@ -176,13 +166,14 @@ def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None
     if measured.problem:
         checks.fail("your per_batch_seconds on both loaders, against the checker's clock", measured.problem,
                     CLOCK_HINT)
-    judge_figure(checks, f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now", "ratio",
-                 ratio, [measured.ratio], RATIO_FACTOR,
-                 "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.",
-                 f"your rounds here gave a median of {measured.ratio:.2f} (measured twice if the first disagreed): "
-                 f"{ratio} is more than {RATIO_FACTOR}x away",
-                 "set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
-                 "torch's each round, the median), not a figure from the README or another machine; if the machine "
-                 "got busier or quieter since, run your cell and this one again.",
-                 "you divided the other way round: minidl's per-batch time / torch's.",
-                 {1.0: "1.0 says the two cost the same: report the ratio you measured, not a guess."})
+    case = f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now"
+    harness.judge_figure(
+        checks, case, "ratio", ratio, [measured.ratio], RATIO_FACTOR,
+        "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.",
+        f"your rounds here gave a median of {measured.ratio:.2f} (measured twice if the first disagreed): "
+        f"{ratio} is more than {RATIO_FACTOR}x away",
+        "set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
+        "torch's each round, the median), not a figure from the README or another machine; if the machine "
+        "got busier or quieter since, run your cell and this one again.",
+        "you divided the other way round: minidl's per-batch time / torch's.",
+        {1.0: "1.0 says the two cost the same: report the ratio you measured, not a guess."})

@@ -32,16 +32,8 @@ from minidl.dataset import Dataset
 from minidl.worker import get_worker_info
 from minidl_course import osfacts
 from minidl_course.cores import core_count, worker_sweep
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_hint, yours
-from minidl_course.exercises._measure import (
-    MILLISECONDS,
-    agrees,
-    as_number,
-    close,
-    held_rounds,
-    measure_then_judge,
-    off_the_clock,
-)
 
 # --- 1. copy-on-read --------------------------------------------------------------------------------
 
@@ -113,7 +105,7 @@ def measure_leak(dataset_cls: Callable[[int], Dataset], n: int = ITEMS) -> LeakM
 def check_no_leak(dataset_cls: Callable[[int], Dataset],
                   measure: Callable[[Callable], LeakMeasured] = measure_leak) -> LeakMeasured:
     """Check part 1: ``dataset_cls(n)`` gives ListDataset's items, and its workers' memory does not grow like it."""
-    return measure_then_judge(
+    return harness.measure_then_judge(
         [dataset_cls], lambda checks: check_items(dataset_cls, checks), lambda: measure(dataset_cls),
         lambda m: (f"Measured: over one epoch of {ITEMS:,} items with 2 forked workers, each worker's {memory_kind()} "
                    f"grew by {m.yours:.1f} MB with your dataset, {m.buggy:.1f} MB with ListDataset"),
@@ -240,7 +232,7 @@ def run_locked_loader(loader_kwargs: Mapping[str, Any], timeout: float = HANG_TI
 
 def check_no_hang(loader_kwargs: Any, run: Callable[[Mapping[str, Any]], Outcome] = run_locked_loader) -> Outcome:
     """Check part 2: with ``loader_kwargs``, two workers finish an epoch of LockedDataset beside the busy thread."""
-    return measure_then_judge(
+    return harness.measure_then_judge(
         [], lambda checks: check_kwargs(loader_kwargs, checks), lambda: run(loader_kwargs),
         lambda outcome: (f"Ran DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{loader_kwargs!r}) in a "
                          f"separate process: {outcome.status} after {outcome.seconds:.1f} s ({outcome.detail[:80]})"),
@@ -369,7 +361,7 @@ def measure_sweep(time_epoch: Callable[[int], float], rounds: int = SWEEP_ROUNDS
         got, ours = clocked_epoch(time_epoch, w)
         return float(got), ours
 
-    times, problem = held_rounds(SWEEP, rounds, run, _off)
+    times, problem = harness.held_rounds(SWEEP, rounds, run, _off)
     sweep = Sweep(times)
     sweep.problem = problem
     return sweep
@@ -392,8 +384,8 @@ def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], 
         check_sweep_answer(num_workers, sweep, checks)
         check_timer(time_epoch, checks)
 
-    return measure_then_judge([], first, measure or (lambda: measure_sweep(time_epoch)), report,
-                              lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
+    return harness.measure_then_judge([], first, measure or (lambda: measure_sweep(time_epoch)), report,
+                                      lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
 
 
 def check_timer(time_epoch: Any, checks: _Checks) -> None:
@@ -404,13 +396,13 @@ def check_timer(time_epoch: Any, checks: _Checks) -> None:
                     "def time_epoch(w): start = time.perf_counter(); sweep_epoch(w, dataset); "
                     "return time.perf_counter() - start")
     got, ours = clocked_epoch(time_epoch, 0)
-    seconds = as_number(got)
+    seconds = harness.as_number(got)
     if seconds is None or seconds <= 0:
         checks.fail(case, f"should return the epoch's seconds, a positive number, but it returned {got!r}",
                     "return time.perf_counter() - start, taken around sweep_epoch(w, dataset).")
-    if off_the_clock([seconds], [] if ours is None else [ours]) is not None:
-        checks.fail(case, _off(0, seconds, ours), MILLISECONDS if ours and close(seconds / 1000, ours, 1.25)
-                    else CLOCK_HINT)
+    if harness.off_the_clock([seconds], [] if ours is None else [ours]) is not None:
+        in_ms = ours and harness.close(seconds / 1000, ours, 1.25)
+        checks.fail(case, _off(0, seconds, ours), harness.MILLISECONDS if in_ms else CLOCK_HINT)
     checks.passed += 1
 
 
@@ -419,7 +411,7 @@ def check_sweep_answer(num_workers: Any, sweep: Any, checks: _Checks) -> None:
     if not isinstance(sweep, dict) or sorted(sweep) != sorted(SWEEP):
         checks.fail(case, f"sweep should be a dict with one epoch time per num_workers in SWEEP, {SWEEP}",
                     "keep the sweep you ran and plotted: {num_workers: median seconds}.")
-    if any(as_number(s) is None or as_number(s) <= 0 for s in sweep.values()):
+    if any(harness.as_number(s) is None or harness.as_number(s) <= 0 for s in sweep.values()):
         checks.fail(case, "every time in sweep should be a positive number of seconds",
                     "keep the medians your timer measured: {w: statistics.median(times[w]) for w in SWEEP}.")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int | np.integer) or num_workers not in SWEEP:
@@ -434,7 +426,7 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
     checks = checks or _Checks()
     if getattr(measured, "problem", ""):
         checks.fail("your time_epoch, run by the checker", measured.problem, CLOCK_HINT)
-    off = [w for w in SWEEP if not agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
+    off = [w for w in SWEEP if not harness.agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
     if off:
         w = off[0]
         checks.fail(f"your sweep says {w} workers took {float(sweep[w]):.3f} s",
