@@ -35,24 +35,30 @@ def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], 
     return measured
 
 
+class Rounds(dict):
+    """``{name: [figure per round]}`` from ``held_rounds``, and where a figure first left the checker's clock."""
+
+    problem = ""
+
+
 def held_rounds(names: Sequence[K], rounds: int, run: Callable[[K], tuple[float, float | None]],
                 off: Callable[[K, float, float | None], str] | None = None, factor: float = 1.25,
-                slack: float = 2e-3, warmup: bool = False) -> tuple[dict[K, list[float]], str]:
+                slack: float = 2e-3, warmup: bool = False) -> Rounds:
     """The one harness: ``run(name)`` once per name per round, the order rotating each round (after a warm-up call
     each, with ``warmup``). ``run`` gives a figure and the checker's own seconds for the same work (None: none ran);
-    returns each name's figures and ``off(name, figure, ours)`` for the first figure off that clock ("" if none)."""
+    ``problem`` is ``off(name, figure, ours)`` for the first figure off that clock ("" if none)."""
     names = list(names)
     for name in names if warmup else []:
         run(name)
-    figures: dict[K, list[float]] = {name: [] for name in names}
-    problem = ""
+    figures = Rounds({name: [] for name in names})
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             got, ours = run(name)
             figures[name].append(got)
-            if off and not problem and off_the_clock([got], [] if ours is None else [ours], factor, slack) is not None:
-                problem = off(name, got, ours)
-    return figures, problem
+            if off and not figures.problem and off_the_clock([got], [] if ours is None else [ours], factor,
+                                                             slack) is not None:
+                figures.problem = off(name, got, ours)
+    return figures
 
 
 def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True,
@@ -63,7 +69,7 @@ def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool 
         fns[name]()
         return clock() - start, None
 
-    return held_rounds(fns, rounds, run, warmup=warmup)[0]
+    return dict(held_rounds(fns, rounds, run, warmup=warmup))
 
 
 class Stopwatch:

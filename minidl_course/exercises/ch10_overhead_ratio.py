@@ -116,8 +116,8 @@ def measure(per_batch_seconds: Callable[[Iterable], Any], rounds: int = ROUNDS,
                                  "return seconds per batch, a positive number, as it did for PacedLoader")
         return number, ours
 
-    figures, problem = harness.held_rounds(NAMES, rounds, run, _off, CLOCK_FACTOR, 1e-6, warmup=True)
-    return Measured(figures["minidl"], figures["torch"], problem)
+    figures = harness.held_rounds(NAMES, rounds, run, _off, CLOCK_FACTOR, 1e-6, warmup=True)
+    return Measured(figures["minidl"], figures["torch"], figures.problem)
 
 
 def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,

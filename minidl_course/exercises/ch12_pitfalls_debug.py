@@ -349,22 +349,13 @@ def _off(w: int, got: float, ours: float | None) -> str:
         f"it ran no sweep_epoch({w}, ...)")
 
 
-class Sweep(dict):
-    """``{num_workers: [seconds per round]}`` from your time_epoch, and where it left the checker's clock."""
-
-    problem = ""
-
-
 def measure_sweep(time_epoch: Callable[[int], float], rounds: int = SWEEP_ROUNDS) -> dict[int, list[float]]:
     """Your ``time_epoch(w)`` for each ``w`` in ``SWEEP``, in rotating rounds, each held to the checker's clock."""
     def run(w: int) -> tuple[float, float | None]:
         got, ours = clocked_epoch(time_epoch, w)
         return float(got), ours
 
-    times, problem = harness.held_rounds(SWEEP, rounds, run, _off)
-    sweep = Sweep(times)
-    sweep.problem = problem
-    return sweep
+    return harness.held_rounds(SWEEP, rounds, run, _off)
 
 
 def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
