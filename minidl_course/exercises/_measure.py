@@ -1,15 +1,16 @@
-"""What the measuring checkers (ch01, ch07, ch09-ch12) share: one rhythm, interleaved rounds, the checker's clock
-around the learner's timing code, and one way to judge a reported figure.
+"""What the measuring checkers (ch01, ch05_keep_up, ch07, ch09-ch12) share: one rhythm, one rounds-and-clock
+harness, one way to judge a reported figure.
 
 A measuring checker never trusts one timing or a number handed to it: it runs what it compares in rotating rounds,
-so a burst of load hits both sides, compares medians of per-round ratios, and holds each figure the learner's code
-gives to the checker's own clock on the same call.
+so a burst of load hits both sides, and holds each figure the learner's timing code gives to its own clock on the
+same call (``Stopwatch``, ``held_rounds``).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
@@ -17,13 +18,13 @@ from typing import Any, TypeVar
 from minidl_course.exercises._common import _Checks, refuse_reference
 
 M = TypeVar("M")
+K = TypeVar("K")
 
 
 def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], None], measure: Callable[[], M],
                        report: Callable[[M], str], judge: Callable[[M, _Checks], None]) -> M:
     """The one rhythm: refuse a reference answer; check the answer's values before anything is timed; measure
-    (a test may pass fixed numbers); print what was measured; judge from the answer and the measurement alone;
-    print ``All N checks passed``. Returns the measurement."""
+    (a test may pass fixed numbers); print what was measured; judge; print ``All N checks passed``."""
     refuse_reference(*answers)
     checks = _Checks()
     check_first(checks)
@@ -34,33 +35,79 @@ def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], 
     return measured
 
 
+class Rounds(dict):
+    """``{name: [figure per round]}`` from ``held_rounds``, and where a figure first left the checker's clock."""
+
+    problem = ""
+
+
+def held_rounds(names: Sequence[K], rounds: int, run: Callable[[K], tuple[float, float | None]],
+                off: Callable[[K, float, float | None], str] | None = None, factor: float = 1.25,
+                slack: float = 2e-3, warmup: bool = False) -> Rounds:
+    """The one harness: ``run(name)`` once per name per round, the order rotating each round (after a warm-up call
+    each, with ``warmup``). ``run`` gives a figure and the checker's own seconds for the same work (None: none ran);
+    ``problem`` is ``off(name, figure, ours)`` for the first figure off that clock ("" if none)."""
+    names = list(names)
+    for name in names if warmup else []:
+        run(name)
+    figures = Rounds({name: [] for name in names})
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            got, ours = run(name)
+            figures[name].append(got)
+            if off and not figures.problem and off_the_clock([got], [] if ours is None else [ours], factor,
+                                                             slack) is not None:
+                figures.problem = off(name, got, ours)
+    return figures
+
+
 def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True,
                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Seconds per call of each function, ``rounds`` times, the order rotating each round, after one warm-up call.
+    """Seconds per call of each function on the checker's clock, in ``held_rounds``' rotating rounds."""
+    def run(name: str) -> tuple[float, None]:
+        start = clock()
+        fns[name]()
+        return clock() - start, None
 
-    >>> times = interleaved({"a": lambda: None, "b": lambda: None}, rounds=3)
-    >>> sorted(times), [len(v) for v in times.values()]
-    (['a', 'b'], [3, 3])
+    return dict(held_rounds(fns, rounds, run, warmup=warmup))
+
+
+class Stopwatch:
+    """Wraps what the checker hands to the learner's timing code: ``calls`` holds ``(args, thread, start, end)`` of
+    each call on the checker's clock, for the learner's figures to be held to."""
+
+    def __init__(self, fn: Callable[..., Any], clock: Callable[[], float] = time.perf_counter) -> None:
+        self.fn, self.clock, self.calls = fn, clock, []
+
+    def __call__(self, *args: Any) -> Any:
+        start = self.clock()
+        try:
+            return self.fn(*args)
+        finally:
+            self.calls.append((args, threading.get_ident(), start, self.clock()))
+
+    def seconds(self, *args: Any) -> list[float]:
+        """The seconds of each call made with ``args``, in order."""
+        return [end - start for a, _, start, end in self.calls if a == args]
+
+
+def off_the_clock(yours: Sequence[float], ours: Sequence[float], factor: float = 1.25,
+                  slack: float = 2e-3) -> int | None:
+    """The first of the learner's times not within ``factor`` and ``slack`` seconds of the checker's time of the same
+    call (the last ``len(yours)``); None when all agree. A time with no call behind it disagrees.
+
+    >>> off_the_clock([0.10, 0.21], [0.5, 0.1, 0.2]), off_the_clock([0.1, 0.1], [0.1, 0.3]), off_the_clock([1.0], [])
+    (None, 1, 0)
     """
-    names = list(fns)
-    if warmup:
-        for name in names:
-            fns[name]()
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
-            start = clock()
-            fns[name]()
-            times[name].append(clock() - start)
-    return times
+    ours = list(ours)[-len(yours):] if yours else []
+    for r, y in enumerate(yours):
+        if r >= len(ours) or not ours[r] / factor - slack <= y <= ours[r] * factor + slack:
+            return r
+    return None
 
 
 def median_ratio(times: Mapping[str, list[float]], numerator: str, denominator: str) -> float:
-    """The median over rounds of ``times[numerator][r] / times[denominator][r]``.
-
-    >>> median_ratio({"slow": [2.0, 4.0, 3.0], "fast": [1.0, 1.0, 1.0]}, "slow", "fast")
-    3.0
-    """
+    """The median over rounds of ``times[numerator][r] / times[denominator][r]``."""
     return statistics.median(n / d for n, d in zip(times[numerator], times[denominator]))
 
 
@@ -75,12 +122,19 @@ def as_number(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def close(reported: float, measured: float, factor: float) -> bool:
-    """True when ``reported`` is within a factor ``factor`` of ``measured`` (both positive), either way.
+def positive_numbers(got: Any, count: int | None = None) -> list[float] | None:
+    """``got`` as a list of positive floats (``count`` of them, if given); None when it is not one.
 
-    >>> close(1.8, 1.5, 1.3), close(3.0, 1.5, 1.3)
-    (True, False)
+    >>> positive_numbers((1, 2.5)), positive_numbers([1, -1]), positive_numbers([1], count=2), positive_numbers(3)
+    ([1.0, 2.5], None, None, None)
     """
+    numbers = [as_number(x) for x in got] if isinstance(got, list | tuple) else [None]
+    ok = all(x is not None and x > 0 for x in numbers) and count in (None, len(numbers))
+    return numbers if ok else None
+
+
+def close(reported: float, measured: float, factor: float) -> bool:
+    """True when ``reported`` is within a factor ``factor`` of ``measured`` (both positive), either way."""
     return reported > 0 and measured > 0 and max(reported / measured, measured / reported) <= factor
 
 
@@ -93,6 +147,7 @@ def typed(value: float) -> bool:
     return abs(value - round(value, 3)) < 1e-12
 
 
+MILLISECONDS = "your times are in milliseconds: return seconds, as time.perf_counter() gives them."
 TYPED = ("report the number your code computed, unrounded (a number typed in, or rounded, can't be told from a "
          "guess): e.g. speedup = statistics.median(rounds).")
 
@@ -113,40 +168,6 @@ def judge_figure(checks: _Checks, case: str, name: str, value: Any, targets: Seq
     checks.passed += 1
 
 
-class Stopwatch:
-    """Wraps what the checker hands to the learner's timing code and times each call on the checker's clock:
-    ``calls`` holds ``(args, seconds)``, for ``off_the_clock`` to hold the learner's figures to."""
-
-    def __init__(self, fn: Callable[..., Any], clock: Callable[[], float] = time.perf_counter) -> None:
-        self.fn, self.clock, self.calls = fn, clock, []
-
-    def __call__(self, *args: Any) -> Any:
-        start = self.clock()
-        try:
-            return self.fn(*args)
-        finally:
-            self.calls.append((args, self.clock() - start))
-
-    def seconds(self, *args: Any) -> list[float]:
-        """The seconds of each call made with ``args``, in order."""
-        return [s for a, s in self.calls if a == args]
-
-
-def off_the_clock(yours: Sequence[float], ours: Sequence[float], factor: float = 1.25,
-                  slack: float = 2e-3) -> int | None:
-    """The first of the learner's times that is not the checker's time of the same call (the last ``len(yours)``),
-    within ``factor`` and ``slack`` seconds; None when all agree. A time with no call behind it disagrees.
-
-    >>> off_the_clock([0.10, 0.21], [0.5, 0.1, 0.2]), off_the_clock([0.1, 0.1], [0.1, 0.3]), off_the_clock([1.0], [])
-    (None, 1, 0)
-    """
-    ours = list(ours)[-len(yours):] if yours else []
-    for r, y in enumerate(yours):
-        if r >= len(ours) or not ours[r] / factor - slack <= y <= ours[r] * factor + slack:
-            return r
-    return None
-
-
 def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:
     """``measure()``, and once more if ``agree`` says no: a burst of load rarely flips both."""
     first = measure()
@@ -155,8 +176,7 @@ def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:
 
 def unless_close(measure: Callable[[], M], reported: Any, figure: Callable[[M], float], factor: float) -> M:
     """``twice``, agreeing when ``reported`` is a number within ``factor`` of the measurement's ``figure``."""
-    number = as_number(reported)
-    return twice(measure, lambda m: number is not None and close(number, figure(m), factor))
+    return twice(measure, lambda m: close(as_number(reported) or 0, figure(m), factor))
 
 
 def agrees(reported: float, per_round: Sequence[float], factor: float) -> bool:

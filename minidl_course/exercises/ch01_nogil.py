@@ -1,9 +1,8 @@
 """Checker for exercise ch01: a Numba kernel that releases the GIL, and the speedup two threads get from it.
 
-The checker checks the learner's ``collatz_steps`` against plain Python and its ``nogil`` option, runs
-``thread_speedups`` on two stand-in kernels whose speedup is known and on the kernel with every call on the
-checker's clock, and holds ``speedup`` to the rounds the learner's own cell timed (``one_thread`` and
-``two_threads`` clock every run).
+It checks ``collatz_steps`` against plain Python, runs ``thread_speedups`` on two stand-in kernels of known speedup
+and on the kernel with every call on the checker's clock, and holds ``speedup`` to the rounds the learner's cell
+timed (``one_thread`` and ``two_threads`` clock every run).
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_hint
-from minidl_course.exercises._measure import as_number, judge_figure, measure_then_judge, off_the_clock
 
 KERNEL_SECONDS = 0.15  # how long one half of the timed work runs: long next to thread start, short for a checker
 ROUNDS = 5
@@ -25,6 +24,9 @@ GIL_FREE_FRACTION = 0.2  # below this part of the kernel's run with a Python thr
 SPEEDUP_FACTOR = 1.05  # your speedup may be this far from the median of your latest rounds on the checker's clock
 STANDIN_SECONDS = 0.05  # how long each half of a stand-in kernel sleeps, when a timing function is checked
 STANDIN_ROUNDS = 3
+CASES = [(1, 3), (1, 8), (1, 2), (27, 28), (2, 3), (100, 200), (1, 1000), (5000, 5001), (999, 1000), (10, 10)]
+# Every run of one_thread or two_threads, on the checker's clock: (kernel, threads, start, stop, seconds).
+RUNS: deque[tuple[Any, int, int, int, float]] = deque(maxlen=4096)
 
 
 def collatz_steps_python(start: int, stop: int) -> int:
@@ -41,15 +43,9 @@ def collatz_steps_python(start: int, stop: int) -> int:
     return total
 
 
-# Every run of one_thread or two_threads, on the checker's clock: (kernel, threads, start, stop, seconds). The
-# rounds your cell timed with them are the ones your speedup is judged against.
-RUNS: deque[tuple[Any, int, int, int, float]] = deque(maxlen=4096)
-
-
 def two_threads(kernel: Callable[[int, int], Any], start: int, stop: int) -> list[Any]:
     """Run ``kernel`` on the two halves of ``start .. stop - 1`` in two threads at once; their results in order."""
-    middle = (start + stop) // 2
-    results: list[Any] = [None, None]
+    middle, results = (start + stop) // 2, [None, None]
 
     def half(k: int, a: int, b: int) -> None:
         results[k] = kernel(a, b)
@@ -67,39 +63,36 @@ def two_threads(kernel: Callable[[int, int], Any], start: int, stop: int) -> lis
 
 def one_thread(kernel: Callable[[int, int], Any], start: int, stop: int) -> list[Any]:
     """The same two halves as ``two_threads``, one after the other in this thread."""
-    middle = (start + stop) // 2
-    began = time.perf_counter()
+    middle, began = (start + stop) // 2, time.perf_counter()
     results = [kernel(start, middle), kernel(middle, stop)]
     RUNS.append((kernel, 1, start, stop, time.perf_counter() - began))
     return results
 
 
 def logged_rounds(kernel: Any, runs: Any = RUNS) -> list[float]:
-    """The speedups of the rounds ``one_thread`` and ``two_threads`` ran ``kernel`` in, on the checker's clock, in
-    order: a round is a one-thread run and a two-thread run of the same span, one right after the other."""
-    mine = [r for r in runs if r[0] is kernel]
-    rounds, k = [], 0
+    """The speedups of the rounds ``one_thread`` and ``two_threads`` ran ``kernel`` in, on the checker's clock: a
+    round is a one-thread run and a two-thread run of the same span, one right after the other."""
+    mine, rounds, k = [r for r in runs if r[0] is kernel], [], 0
     while k + 1 < len(mine):
         (_, n, a, b, s), (_, m, c, d, t) = mine[k], mine[k + 1]
-        if (a, b) == (c, d) and n != m:
+        paired = (a, b) == (c, d) and n != m
+        if paired:
             rounds.append(s / t if n == 1 else t / s)
-            k += 2
-        else:
-            k += 1
+        k += 2 if paired else 1
     return rounds
 
 
 @dataclass(frozen=True)
 class Measured:
-    """What was measured: your ``thread_speedups`` on your kernel (each round's), the same rounds on the checker's
-    clock (from when each call of the kernel began and ended), and the checker's GIL test."""
+    """Your ``thread_speedups`` on your kernel, round by round; the checker's GIL test; the same rounds on the
+    checker's clock; what your timing left out; your notebook's rounds on your kernel, on the checker's clock."""
 
-    speedups: list[float]  # one thread's time / two threads' time, per round, as your thread_speedups returned them
+    speedups: list[float]
     python_progress: float  # the part of the kernel's run during which a Python thread made progress
     work: int  # integers per half
-    clocked: list[float] = field(default_factory=list)  # the rounds' speedups on the checker's clock
-    problem: str = ""  # what the kernel's calls show your thread_speedups did not do, if anything
-    yours: list[float] = field(default_factory=list)  # your notebook's rounds on your kernel, on the checker's clock
+    clocked: list[float] = field(default_factory=list)
+    problem: str = ""
+    yours: list[float] = field(default_factory=list)
 
     @property
     def speedup(self) -> float:
@@ -120,61 +113,41 @@ def calibrate(kernel: Callable[[int, int], Any], seconds: float = KERNEL_SECONDS
 
 
 def python_progress(kernel: Callable[[int, int], Any], work: int) -> float:
-    """The part of one ``kernel(1, 1 + work)`` call during which this (Python) thread kept counting.
-
-    First counts alone for 50 ms to learn its rate; then counts while a thread runs the kernel. A kernel that
-    holds the GIL stops the counting for as long as it runs: the result is near 0. One that releases it: near 1
-    (less when another process takes the core).
-    """
-    def count_while(thread: threading.Thread) -> tuple[int, float]:
+    """The part of one ``kernel(1, 1 + work)`` call during which this (Python) thread kept counting, at the rate it
+    counts alone: near 0 for a kernel that holds the GIL, near 1 for one that releases it."""
+    def count_while(thread: threading.Thread) -> float:
         count, start = 0, time.perf_counter()
         thread.start()
         while thread.is_alive():
             count += 1
-        return count, time.perf_counter() - start
+        return count / (time.perf_counter() - start)
 
-    count, took = count_while(threading.Thread(target=time.sleep, args=(0.05,)))  # alone: the GIL is free
-    rate = count / took
-    count, took = count_while(threading.Thread(target=kernel, args=(1, 1 + work)))
-    return min(1.0, count / (rate * took))
+    alone = count_while(threading.Thread(target=time.sleep, args=(0.05,)))
+    return min(1.0, count_while(threading.Thread(target=kernel, args=(1, 1 + work))) / alone)
 
 
 def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
             rounds: int = ROUNDS) -> Measured:
-    """Test whether ``kernel`` releases the GIL, then run ``thread_speedups(kernel, span, rounds)`` on it, noting
-    when each call of the kernel began and ended, and in which thread (``clock_rounds``)."""
-    yours = logged_rounds(kernel)  # before the checker runs anything
-    work = calibrate(kernel)
+    """The GIL test, then ``thread_speedups(kernel, span, rounds)`` with each call of the kernel on a Stopwatch."""
+    yours, work = logged_rounds(kernel), calibrate(kernel)  # the notebook's rounds, before the checker runs any
     progress = python_progress(kernel, work)
-    if progress < GIL_FREE_FRACTION:  # it holds the GIL: two threads can't overlap, time one round only
-        rounds = 1
-    calls: list[tuple[tuple[int, int], int, float, float]] = []
-
-    def watched(a: int, b: int) -> Any:
-        start = time.perf_counter()
-        try:
-            return kernel(a, b)
-        finally:
-            calls.append(((a, b), threading.get_ident(), start, time.perf_counter()))
-
-    got = _speedup_list(call(thread_speedups, watched, 2 * work, rounds, what="thread_speedups",
-                             case="your kernel"))
-    clocked, problem = clock_rounds(calls, 1, 1 + 2 * work, rounds)
-    return Measured(got, progress, work, clocked, problem, yours)
+    rounds = rounds if progress >= GIL_FREE_FRACTION else 1  # it holds the GIL: threads can't overlap
+    watch = harness.Stopwatch(kernel)
+    got = call(thread_speedups, watch, 2 * work, rounds, what="thread_speedups", case="your kernel")
+    clocked, problem = clock_rounds(watch.calls, 1, 1 + 2 * work, rounds)
+    return Measured(harness.positive_numbers(got) or [], progress, work, clocked, problem, yours)
 
 
 def clock_rounds(calls: list[tuple[tuple[int, int], int, float, float]], start: int, stop: int,
                  rounds: int) -> tuple[list[float], str]:
-    """Each round's speedup from the kernel's calls on the two halves of ``start .. stop - 1``: the span of a
-    run whose two calls ran in one thread over that of a run whose calls ran in two; and, if the calls don't
-    make ``rounds`` such pairs of runs, what is missing."""
+    """Each round's speedup from the kernel's calls ``(args, thread, start, end)`` on the halves of the span: a
+    run whose two calls shared a thread over one whose calls did not; or what is missing."""
     middle = (start + stop) // 2
     halves = sorted((c for c in calls if c[0] in ((start, middle), (middle, stop))), key=lambda c: c[2])
     if len(halves) != 4 * rounds:
         return [], (f"your thread_speedups ran the kernel on the halves of the span {len(halves)} times for {rounds} "
                     f"rounds; each round runs both halves in one thread, then in two (4 calls a round)")
-    runs = [(halves[k][1] == halves[k + 1][1], max(halves[k][3], halves[k + 1][3]) - halves[k][2])
-            for k in range(0, len(halves), 2)]
+    runs = [(a[1] == b[1], max(a[3], b[3]) - a[2]) for a, b in zip(halves[::2], halves[1::2])]
     clocked = []
     for r in range(rounds):
         pair = dict(runs[2 * r:2 * r + 2])
@@ -184,17 +157,8 @@ def clock_rounds(calls: list[tuple[tuple[int, int], int, float, float]], start: 
     return clocked, ""
 
 
-def _speedup_list(got: Any) -> list[float]:
-    """``got`` as a list of floats; [] when it is not a list of positive numbers."""
-    if not isinstance(got, list | tuple):
-        return []
-    numbers = [as_number(x) for x in got]
-    return [x for x in numbers if x is not None and x > 0] if all(numbers) else []
-
-
-# Two stand-in kernels whose speedup is known whatever the machine's load: each call sleeps (no core needed) for a
-# time proportional to its range. One releases the GIL as it sleeps: two threads overlap, x2. The other sleeps
-# holding a lock, as a kernel holding the GIL would hold it: two threads take turns, x1.
+# Stand-in kernels of known speedup whatever the load: each call sleeps in proportion to its range, releasing the
+# GIL (two threads overlap: x2) or holding a lock, as a kernel holding the GIL would (they take turns: x1).
 _TURNS = threading.Lock()
 
 
@@ -205,73 +169,66 @@ def _overlapping(start: int, stop: int) -> int:
 
 def _taking_turns(start: int, stop: int) -> int:
     with _TURNS:
-        time.sleep((stop - start) * STANDIN_SECONDS / 1000)
-    return 0
+        return _overlapping(start, stop)
 
 
 STANDINS = ((_overlapping, 2.0, "a stand-in kernel that sleeps, releasing the GIL: two threads overlap"),
             (_taking_turns, 1.0, "a stand-in kernel that sleeps holding a lock: two threads take turns"))
 
 
-CASES = [(1, 3), (1, 8), (1, 2), (27, 28), (2, 3), (100, 200), (1, 1000), (5000, 5001), (999, 1000), (10, 10)]
-
-
 def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
                 speedup: Any, measure: Callable[[Callable, Callable], Measured] = measure) -> Measured:
-    """Check ch01: the kernel's output, your timing function, that the kernel releases the GIL, and ``speedup``.
-
-    ``thread_speedups(kernel, span, rounds)`` is your timing function: it runs on two stand-in kernels whose
-    speedup is known, then on your kernel; ``speedup`` must agree with what it measures there.
-    Prints what it measured. Raises AssertionError at the first problem, with a hint.
-    """
+    """Check ch01: the kernel's output, ``thread_speedups(kernel, span, rounds)`` (on two stand-in kernels of known
+    speedup, then on yours), that the kernel releases the GIL, and ``speedup``. Prints what it measured; raises
+    AssertionError at the first problem, with a hint."""
     def check_first(checks: _Checks) -> None:
         check_output(kernel, checks)
         check_timer(thread_speedups, checks)
 
-    return measure_then_judge(
-        [kernel, thread_speedups], check_first,
-        lambda: measure(kernel, thread_speedups),
-        lambda measured: (f"Measured: a Python thread ran during {measured.python_progress:.0%} of the kernel's run; "
-                          f"your thread_speedups on your kernel ({measured.work:,} integers per thread), per round: "
-                          + ", ".join(f"{x:.2f}" for x in measured.speedups)
-                          + "; on the checker's clock: " + ", ".join(f"{x:.2f}" for x in measured.clocked)
-                          + (f"; median {measured.speedup:.2f}x" if measured.speedups else "")
-                          + "; the rounds your notebook ran on your kernel, on the checker's clock: "
-                          + (", ".join(f"{x:.2f}" for x in measured.yours[-12:]) or "none")),
-        lambda measured, checks: judge(kernel, speedup, measured, checks))
+    def report(m: Measured) -> str:
+        return (f"Measured: a Python thread ran during {m.python_progress:.0%} of the kernel's run; your "
+                f"thread_speedups on your kernel ({m.work:,} integers per thread), per round: "
+                + ", ".join(f"{x:.2f}" for x in m.speedups) + "; on the checker's clock: "
+                + ", ".join(f"{x:.2f}" for x in m.clocked) + (f"; median {m.speedup:.2f}x" if m.speedups else "")
+                + "; the rounds your notebook ran on your kernel, on the checker's clock: "
+                + (", ".join(f"{x:.2f}" for x in m.yours[-12:]) or "none"))
+
+    return harness.measure_then_judge([kernel, thread_speedups], check_first, lambda: measure(kernel, thread_speedups),
+                                      report, lambda measured, checks: judge(kernel, speedup, measured, checks))
 
 
 def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _Checks) -> None:
     """Your ``thread_speedups`` on the two stand-ins: a list of ``rounds`` ratios, their median near x2 and x1."""
     for standin, want, case in STANDINS:
         got = call(thread_speedups, standin, 2000, STANDIN_ROUNDS, what="thread_speedups", case=case)
-        if as_number(got) is not None:
-            checks.fail(case, f"thread_speedups returned one number, {got!r}",
-                        "return the list of the rounds' speedups (one per round); speedup is their median.")
-        ratios = _speedup_list(got)
-        if len(ratios) != STANDIN_ROUNDS:
-            checks.fail(case, f"thread_speedups(kernel, 2000, {STANDIN_ROUNDS}) should return {STANDIN_ROUNDS} "
-                        f"positive numbers, one per round, but it returned {got!r}",
-                        "time both ways in each of `rounds` rounds; return the list of the rounds' ratios.")
+        ratios = harness.positive_numbers(got, STANDIN_ROUNDS)
+        if ratios is None:
+            checks.fail(case, f"thread_speedups returned one number, {got!r}" if harness.as_number(got) is not None else
+                        f"thread_speedups(kernel, 2000, {STANDIN_ROUNDS}) should return {STANDIN_ROUNDS} positive "
+                        f"numbers, one per round, but it returned {got!r}", "return the list of the rounds' speedups "
+                        "(one per round, time both ways in each of `rounds` rounds); speedup is their median.")
         median = statistics.median(ratios)
         if not (1.4 <= median <= 2.6 if want == 2 else 0.7 <= median <= 1.3):  # wide: a busy machine wakes late
             checks.fail(case, f"its speedup is about x{want:g}, but your thread_speedups gave a median of "
                         f"{median:.2f}", first_hint(
                 "time the same span both ways in each round: one_thread(kernel, 1, 1 + span) and two_threads(kernel, "
                 "1, 1 + span); each round's ratio is one thread's time / two threads' time.",
-                (want == 2 and 1 / 2.6 <= median <= 1 / 1.4, "you divided the other way round: one thread's time / "
-                 "two threads' time, above 1 if threads help."),
+                (want == 2 and 1 / 2.6 <= median <= 1 / 1.4, OTHER_WAY),
                 (want == 1, "two threads that take turns can't beat one: measure each round's times, don't assume a "
                  "speedup.")))
         checks.passed += 1
 
 
+OTHER_WAY = ("you divided the other way round: speedup = one thread's time / two threads' time, above 1 if threads "
+             "help.")
+
+
 def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
     for start, stop in CASES:
-        want = collatz_steps_python(start, stop)
-        got = call(kernel, start, stop, what="kernel", case=f"collatz_steps({start}, {stop})")
+        want, case = collatz_steps_python(start, stop), f"collatz_steps({start}, {stop})"
+        got = call(kernel, start, stop, what="kernel", case=case)
         if got != want:
-            checks.fail(f"collatz_steps({start}, {stop})", f"should be {want}, but it is {got!r}", first_hint(
+            checks.fail(case, f"should be {want}, but it is {got!r}", first_hint(
                 "count the steps of every n in range(start, stop), until n reaches 1.",
                 (got == collatz_steps_python(start, stop + 1), "stop is excluded, as in range(start, stop)."),
                 (got == want + (stop - start), "you count one step too many per number: a number that is already 1 "
@@ -280,20 +237,16 @@ def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
 
 
 def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict on the GIL, your timing and the reported ``speedup``, from the checker's measurement alone.
-
-    The GIL: the kernel must be compiled by Numba with ``nogil=True``, a fact whatever the load (the counting
-    thread's share is printed, not judged: a busy machine lowers it). Your timing: each round's speedup
-    within 1.25x of the same round on the checker's clock. ``speedup``: your code's number (not typed in, not
-    rounded), within ``SPEEDUP_FACTOR`` of the median of your latest rounds (3 or more) as ``one_thread`` and
-    ``two_threads`` clocked them when your cell ran: your own measurement, not a new one a busy moment could move.
-    """
+    """The verdict, from the measurement alone. The GIL: compiled by Numba with ``nogil=True``, a fact whatever the
+    load (the counting thread's share is printed, not judged). Your timing: each round within 1.25x of the same
+    round on the checker's clock. ``speedup``: your code's number, within ``SPEEDUP_FACTOR`` of the median of your
+    notebook's latest rounds (3 or more) on the checker's clock: your measurement, not a new one."""
     checks = checks or _Checks()
-    case = "the GIL test: a Python thread counting while your kernel runs in another"
     options = getattr(kernel, "targetoptions", None)
     if options is None or not options.get("nogil"):
-        checks.fail(case, f"the Python thread ran during {measured.python_progress:.0%} of your kernel's run, and your "
-                          f"kernel {'was compiled without nogil=True' if options is not None else 'is not compiled'}",
+        checks.fail("the GIL test: a Python thread counting while your kernel runs in another",
+                    f"the Python thread ran during {measured.python_progress:.0%} of your kernel's run, and your "
+                    f"kernel {'was compiled without nogil=True' if options is not None else 'is not compiled'}",
                     "compile it with @numba.njit(nogil=True): without nogil, Numba's code keeps the GIL while it runs."
                     if options is not None else "your kernel is plain Python, which holds the GIL: compile it with "
                     "@numba.njit(nogil=True) (no Python objects inside).")
@@ -305,27 +258,25 @@ def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None 
     if measured.problem:
         checks.fail(case, measured.problem, "time every round: call one_thread and two_threads in each round; a "
                     "round timed once and its ratio repeated is one measurement, not several.")
-    r = off_the_clock(measured.speedups, measured.clocked, slack=0)
+    r = harness.off_the_clock(measured.speedups, measured.clocked, slack=0)
     if r is not None:
         checks.fail(case, f"round {r + 1}: your thread_speedups says x{measured.speedups[r]:.2f}, but the kernel's "
                           f"calls in that round give x{measured.clocked[r]:.2f}",
                     "time each run with time.perf_counter() just before and just after it, and divide one "
                     "thread's time by two threads' time of the same round.")
     checks.passed += 1
-    case = f"your speedup, {speedup!r}, against the rounds your cell timed"
-    if not measured.yours:
+    case, rounds = f"your speedup, {speedup!r}, against the rounds your cell timed", measured.yours
+    if not rounds:
         checks.fail(case, "one_thread and two_threads never ran your kernel in this notebook",
                     "in thread_speedups, time one_thread(kernel, 1, 1 + span) and two_threads(kernel, 1, 1 + span); "
                     "run it on your kernel and set speedup to the median of what it returned.")
-    rounds = measured.yours
-    judge_figure(checks, case, "speedup", speedup,
-                 [statistics.median(rounds[-k:]) for k in range(min(3, len(rounds)), len(rounds) + 1)], SPEEDUP_FACTOR,
-                 "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).",
-                 "your notebook's rounds on your kernel, as one_thread and two_threads clocked them, were "
-                 + ", ".join(f"x{x:.2f}" for x in rounds[-8:]) + f": {speedup} is more than {SPEEDUP_FACTOR}x from "
-                 "the median of the last 3 or more of them",
-                 "set speedup from what your thread_speedups returned (the median of its rounds), not a number from "
-                 "elsewhere; if you ran it again since, take the median of the new rounds.",
-                 "you divided the other way round: speedup = one thread's time / two threads' time, above 1 if "
-                 "threads help.",
-                 {2.0: "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."})
+    harness.judge_figure(
+        checks, case, "speedup", speedup,
+        [statistics.median(rounds[-k:]) for k in range(min(3, len(rounds)), len(rounds) + 1)], SPEEDUP_FACTOR,
+        "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).",
+        "your notebook's rounds on your kernel, as one_thread and two_threads clocked them, were "
+        + ", ".join(f"x{x:.2f}" for x in rounds[-8:]) + f": {speedup} is more than {SPEEDUP_FACTOR}x from "
+        "the median of the last 3 or more of them",
+        "set speedup from what your thread_speedups returned (the median of its rounds), not a number from "
+        "elsewhere; if you ran it again since, take the median of the new rounds.", OTHER_WAY,
+        {2.0: "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."})

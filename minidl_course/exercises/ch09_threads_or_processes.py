@@ -18,8 +18,8 @@ import numpy as np
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, _short, call, first_hint
-from minidl_course.exercises._measure import Stopwatch, as_number, measure_then_judge, off_the_clock
 
 METHODS = ("multiprocessing", "thread")
 WORKLOADS = ("python_loop", "sleep_numpy")
@@ -29,6 +29,12 @@ CLOCK_HINT = ("time each run_epoch(method) call with time.perf_counter() just be
               "round, and return those times: the checker clocks the same calls, and a number made up, reused or "
               "typed in does not match them.")
 STANDIN_SECONDS = {"multiprocessing": 0.08, "thread": 0.04}  # the stand-in's epoch times: threads twice as fast
+WHY = {  # why the usual answer holds, where this machine measured it too
+    ("python_loop", "multiprocessing"): "a pure-Python loop holds the GIL, so two threads take turns on one core; "
+                                        "two processes each have their own interpreter and GIL.",
+    ("sleep_numpy", "thread"): "sleeping (like reading a file) and NumPy release the GIL, so threads overlap as well "
+                               "as processes do, without starting processes or sending arrays between them.",
+}
 
 
 class PythonLoopDataset(Dataset):
@@ -80,10 +86,11 @@ def epoch(dataset: Dataset, worker_method: str, num_workers: int = 2) -> None:
 
 @dataclass(frozen=True)
 class Measured:
-    """Seconds per epoch for each (workload, worker_method), one per round."""
+    """Seconds per epoch for each (workload, worker_method), one per round, and where your time_methods' figures
+    left the checker's clock ("" if nowhere)."""
 
     seconds: Mapping[str, Mapping[str, list[float]]]
-    problem: str = ""  # where your time_methods' figures are not the checker's clock's, if anywhere
+    problem: str = ""
 
     def median(self, workload: str, method: str) -> float:
         return statistics.median(self.seconds[workload][method])
@@ -93,8 +100,7 @@ class Measured:
 
     def gap(self, workload: str) -> float:
         """The slower method's median time over the faster one's (1.0: a tie)."""
-        times = sorted(self.median(workload, m) for m in METHODS)
-        return times[1] / times[0]
+        return max(self.median(workload, m) for m in METHODS) / self.median(workload, self.faster(workload))
 
     def round_gaps(self, workload: str) -> list[float]:
         """Round by round, the other method's time over the faster one's (below 1 where that round disagrees)."""
@@ -102,59 +108,50 @@ class Measured:
         other = next(m for m in METHODS if m != best)
         return [o / b for o, b in zip(self.seconds[workload][other], self.seconds[workload][best])]
 
+    def refuses(self, workload: str, answer: str) -> bool:
+        """Whether ``judge`` would refuse ``answer``: a clear gap, in the median and every round, the other way."""
+        return self.gap(workload) >= BAND and min(self.round_gaps(workload)) >= BAND and answer != self.faster(workload)
+
+
+def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: str) -> tuple[Any, Any, str]:
+    """Your ``time_methods`` on ``run`` with each call on the checker's Stopwatch: what it returned, as
+    ``{method: [seconds]}`` (None if not that), and where it left the checker's clock ("" if nowhere)."""
+    watch = harness.Stopwatch(run)
+    got = call(time_methods, watch, rounds, what="time_methods", case=case)
+    ok = isinstance(got, Mapping) and set(got) == set(METHODS)
+    seconds = {m: harness.positive_numbers(got[m], rounds) for m in METHODS} if ok else {}
+    if not ok or None in seconds.values():
+        return got, None, ""
+    for method in METHODS:
+        ours, yours = watch.seconds(method), seconds[method]
+        r = harness.off_the_clock(yours, ours)
+        if r is not None:
+            took = f"took {ours[r - len(yours)]:.3f} s" if len(ours) >= len(yours) else (
+                f"was made {len(ours)} times for {len(yours)} rounds")
+            return got, seconds, (f"your time_methods says round {r + 1} of {method!r} took {yours[r]:.3f} s, "
+                                  f"but the run_epoch({method!r}) call behind it {took} on the checker's clock")
+    return got, seconds, ""
+
 
 def measure(time_methods: Callable[[Callable[[str], Any], int], Any], rounds: int = ROUNDS,
             runs: Mapping[str, Callable[[str], Any]] | None = None) -> Measured:
     """Your ``time_methods`` on each workload's ``run_epoch`` (an epoch of both datasets by default)."""
-    if runs is None:
-        runs = {name: (lambda method, d=dataset: epoch(d, method)) for name, dataset in make_datasets().items()}
+    runs = runs or {name: (lambda method, d=dataset: epoch(d, method)) for name, dataset in make_datasets().items()}
     measured, problem = {}, ""
     for name, run in runs.items():
-        watch = Stopwatch(run)  # the checker's clock on each run_epoch call your time_methods makes
-        got = call(time_methods, watch, rounds, what="time_methods", case=name)
-        measured[name] = _seconds(got, rounds)
+        got, measured[name], off = timed(time_methods, run, rounds, name)
         if measured[name] is None:
             raise AssertionError(f"your time_methods returned {_short(got)} for {name}: it should return "
                                  f"{{method: [seconds of each round]}}, as it did for the stand-in")
-        problem = problem or _off_the_clock(name, measured[name], watch)
+        problem = problem or (off and f"{name}: {off}")
     return Measured(measured, problem)
-
-
-def _off_the_clock(name: str, seconds: Mapping[str, list[float]], watch: Stopwatch) -> str:
-    """Where the seconds your code returned are not those of the run_epoch calls it made ("" if nowhere)."""
-    for method in METHODS:
-        ours = watch.seconds(method)
-        r = off_the_clock(seconds[method], ours)
-        if r is not None:
-            took = f"took {ours[-len(seconds[method]) + r]:.3f} s" if len(ours) >= len(seconds[method]) else (
-                f"was made {len(ours)} times for {len(seconds[method])} rounds")
-            return (f"{name}: your time_methods says round {r + 1} of {method!r} took {seconds[method][r]:.3f} s, but "
-                    f"the run_epoch({method!r}) call behind it {took} on the checker's clock")
-    return ""
-
-
-def _seconds(got: Any, rounds: int) -> dict[str, list[float]] | None:
-    """``got`` as {method: [seconds per round]}; None unless both methods have ``rounds`` positive numbers each."""
-    if not isinstance(got, Mapping) or set(got) != set(METHODS):
-        return None
-    seconds = {}
-    for method in METHODS:
-        times = got[method]
-        numbers = [as_number(x) for x in times] if isinstance(times, list | tuple) else []
-        if len(numbers) != rounds or not all(x is not None and x > 0 for x in numbers):
-            return None
-        seconds[method] = numbers
-    return seconds
 
 
 def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faster: Any,
                  measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch09: ``time_methods`` times both methods right, and ``faster`` names the faster one it measures.
-
-    ``time_methods(run_epoch, rounds)`` runs first on a stand-in whose epoch times are known, then on one epoch of
-    each workload; ``faster`` maps each workload to the worker_method it measured faster there.
-    Prints what it measured. Raises AssertionError at the first problem, with a hint.
-    """
+    """Check ch09: ``time_methods(run_epoch, rounds)`` times both methods right (on a stand-in whose epoch times are
+    known, then on an epoch of each workload), and ``faster`` maps each workload to the worker_method it measured
+    faster there. Prints what it measured; raises AssertionError at the first problem, with a hint."""
     def check_first(checks: _Checks) -> None:
         check_answer_shape(faster, checks)
         check_timer(time_methods, checks)
@@ -168,33 +165,27 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
     def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
         # Your cell measured before this one: if the machine got busier or quieter since, a clear gap can change
         # sides. So an answer the first measurement refuses is judged again on a second one, which must agree.
-        if not measured.problem and any(_refused(faster[name], measured, name) for name in WORKLOADS):
+        if not measured.problem and any(measured.refuses(name, faster[name]) for name in WORKLOADS):
             print("Your answer differs from this measurement, so the checker measures once more:")
             measured = measure(time_methods)
             print(report(measured))
         judge(faster, measured, checks)
 
-    return measure_then_judge([time_methods], check_first, lambda: measure(time_methods), report,
-                              judge_again_if_refused)
-
-
-def _refused(answer: str, measured: Measured, name: str) -> bool:
-    """Whether ``judge`` would refuse ``answer`` for workload ``name`` on this measurement."""
-    return measured.gap(name) >= BAND and min(measured.round_gaps(name)) >= BAND and answer != measured.faster(name)
+    return harness.measure_then_judge([time_methods], check_first, lambda: measure(time_methods), report,
+                                      judge_again_if_refused)
 
 
 def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks: _Checks) -> None:
     """Your ``time_methods`` on a stand-in ``run_epoch`` that sleeps 80 ms for processes and 40 ms for threads."""
     case = (f"a stand-in run_epoch(method) that sleeps {STANDIN_SECONDS['multiprocessing'] * 1e3:.0f} ms for "
             f"'multiprocessing' and {STANDIN_SECONDS['thread'] * 1e3:.0f} ms for 'thread'")
-    watch = Stopwatch(lambda method: time.sleep(STANDIN_SECONDS[method]))
-    got = call(time_methods, watch, ROUNDS, what="time_methods", case=case)
-    seconds = _seconds(got, ROUNDS)
+    got, seconds, problem = timed(time_methods, lambda method: time.sleep(STANDIN_SECONDS[method]), ROUNDS, case)
     if seconds is None:
         checks.fail(case, f"time_methods(run_epoch, {ROUNDS}) should return {{method: [seconds of each round]}} for "
                     f"{list(METHODS)}, {ROUNDS} positive numbers each, but it returned {_short(got)}",
                     "one list per method, one epoch time per round, in seconds.")
     medians = {m: statistics.median(seconds[m]) for m in METHODS}
+
     def near(want: Callable[[str], float], scale: float = 1) -> bool:  # every median near want(method)
         return all(0.8 * want(m) <= medians[m] / scale <= 2 * want(m) for m in METHODS)
 
@@ -204,14 +195,12 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
             "time each run_epoch(method) call alone, with time.perf_counter() just before and just after it.",
             (near(lambda m: STANDIN_SECONDS[METHODS[1 - METHODS.index(m)]]), "your times are under the wrong method: "
              "keep each epoch's time under the method that ran it."),
-            (near(STANDIN_SECONDS.get, 1000), "your times are in milliseconds: return seconds, the difference of two "
-             "time.perf_counter() calls."),
+            (near(STANDIN_SECONDS.get, 1000), harness.MILLISECONDS),
             (all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:])),
              "each time includes the rounds before it: read time.perf_counter() again just before each run_epoch "
              "call, not once at the start.")))
-    problem = _off_the_clock("the stand-in", seconds, watch)
     if problem:
-        checks.fail(case, problem, CLOCK_HINT)
+        checks.fail(case, f"the stand-in: {problem}", CLOCK_HINT)
     checks.passed += 1
 
 
@@ -235,18 +224,11 @@ def check_answer_shape(faster: Any, checks: _Checks) -> None:
 def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None = None) -> None:
     """The verdict on each answer, from what your ``time_methods`` measured in the check alone."""
     checks = checks or _Checks()
-    why = {  # why the usual answer holds, where this machine measured it too
-        ("python_loop", "multiprocessing"): "a pure-Python loop holds the GIL, so two threads take turns on one core; "
-                                            "two processes each have their own interpreter and GIL.",
-        ("sleep_numpy", "thread"): "sleeping (like reading a file) and NumPy release the GIL, so threads overlap as "
-                                   "well as processes do, without starting processes or sending arrays between them.",
-    }
     if measured.problem:
         checks.fail("your time_methods on the two workloads, against the checker's clock", measured.problem,
                     CLOCK_HINT)
     for name in WORKLOADS:
         best, gap, rounds = measured.faster(name), measured.gap(name), measured.round_gaps(name)
-        case = f"{name}: you answered {faster[name]!r}; your time_methods measured {best!r} faster by {gap:.2f}x"
         if gap < BAND:
             print(f"{name}: the two are within {BAND}x of each other here ({gap:.2f}x), so either answer is accepted")
         elif min(rounds) < BAND:  # a busy machine: one round says otherwise, or nearly; no verdict to hold you to
@@ -254,8 +236,9 @@ def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None 
                   f"{min(rounds):.2f}x to {max(rounds):.2f}x, so either answer is accepted (on an idle machine the "
                   "rounds agree)")
         elif faster[name] != best:
-            hint = why.get((name, best), f"your own time_methods measured {best!r} faster in every round here: answer "
-                                         "what this machine measured, not what you expected (process workers lose "
-                                         "where the cores are few or busy: their start-up is then all they add)")
-            checks.fail(case, f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", hint)
+            checks.fail(f"{name}: you answered {faster[name]!r}; your time_methods measured {best!r} faster by "
+                        f"{gap:.2f}x", f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", WHY.get(
+                            (name, best), f"your own time_methods measured {best!r} faster in every round here: "
+                            "answer what this machine measured, not what you expected (process workers lose where "
+                            "the cores are few or busy: their start-up is then all they add)"))
         checks.passed += 1

@@ -15,8 +15,8 @@ from typing import Any
 
 from minidl.dataloader import DataLoader
 from minidl_course import toy
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, _torch, call, first_hint
-from minidl_course.exercises._measure import as_number, judge_figure, measure_then_judge, off_the_clock, unless_close
 
 BATCHES = 3000
 ROUNDS = 7
@@ -28,13 +28,10 @@ CLOCK_HINT = ("stamp time.perf_counter() as each batch arrives, from the first t
 
 
 def make_loaders(batches: int = BATCHES) -> dict[str, Any]:
-    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)``, batch_size=1, no workers.
-
-    Item ``i`` is ``i``: nothing to compute, so an epoch's time is the loader's own.
-    """
-    torch = _torch()
+    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)``, batch_size=1, no workers: item ``i`` is
+    ``i``, nothing to compute, so an epoch's time is the loader's own."""
     dataset = toy.RangeDataset(batches)
-    return {"minidl": DataLoader(dataset, batch_size=1), "torch": torch.utils.data.DataLoader(dataset, batch_size=1)}
+    return {"minidl": DataLoader(dataset, batch_size=1), "torch": _torch().utils.data.DataLoader(dataset, batch_size=1)}
 
 
 class PacedLoader:
@@ -55,8 +52,8 @@ class PacedLoader:
 
 
 class Clocked:
-    """A loader as your ``per_batch_seconds`` gets it: the batches of ``loader``, each one's arrival stamped on the
-    checker's clock; ``per_batch`` is the same figure yours should give, from those stamps."""
+    """A loader as your ``per_batch_seconds`` gets it: ``loader``'s batches, each arrival stamped on the checker's
+    clock; ``per_batch`` is the figure yours should give, from those stamps (0.0 before an epoch)."""
 
     def __init__(self, loader: Iterable) -> None:
         self.loader, self.arrivals = loader, []
@@ -76,16 +73,13 @@ class Clocked:
         return (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else 0.0
 
 
-def timed(per_batch_seconds: Callable[[Iterable], Any], loader: Iterable, case: str) -> tuple[Any, float]:
+def timed(per_batch_seconds: Callable[[Iterable], Any], loader: Iterable, name: str) -> tuple[Any, float]:
     """Your ``per_batch_seconds`` on ``loader``, and the checker's figure for the same epoch."""
     clocked = Clocked(loader)
-    got = call(per_batch_seconds, clocked, what="per_batch_seconds", case=case)
-    return got, clocked.per_batch
+    return call(per_batch_seconds, clocked, what="per_batch_seconds", case=f"the {name} loader"), clocked.per_batch
 
 
-def _off_clock(name: str, got: float, ours: float) -> str:
-    if off_the_clock([got], [ours], factor=CLOCK_FACTOR, slack=1e-6) is None:
-        return ""
+def _off(name: str, got: float, ours: float) -> str:
     return (f"for the {name} loader your per_batch_seconds returned {got * 1e6:.2f} µs, but that epoch's batches "
             f"arrived {ours * 1e6:.2f} µs apart on the checker's clock" if ours else
             f"your per_batch_seconds returned {got!r} without running an epoch of the {name} loader")
@@ -110,46 +104,40 @@ class Measured:
 
 def measure(per_batch_seconds: Callable[[Iterable], Any], rounds: int = ROUNDS,
             loaders: dict[str, Iterable] | None = None) -> Measured:
-    """Your ``per_batch_seconds`` on minidl's and torch's loader (``make_loaders()`` by default): one warm-up
-    each, then ``rounds`` rounds, each timing both, the order swapped from one round to the next."""
+    """Your ``per_batch_seconds`` on minidl's and torch's loader (``make_loaders()`` by default), a warm-up each,
+    then in rotating rounds, each figure held to the checker's clock."""
     loaders = loaders or make_loaders()
-    for name, loader in loaders.items():
-        timed(per_batch_seconds, loader, f"the {name} loader")
-    per_batch: dict[str, list[float]] = {name: [] for name in NAMES}
-    problem = ""
-    for r in range(rounds):
-        for name in (NAMES if r % 2 == 0 else NAMES[::-1]):
-            got, ours = timed(per_batch_seconds, loaders[name], f"the {name} loader")
-            number = as_number(got)
-            if number is None or number <= 0:
-                raise AssertionError(f"your per_batch_seconds returned {got!r} for the {name} loader: it should "
-                                     "return seconds per batch, a positive number, as it did for PacedLoader")
-            problem = problem or _off_clock(name, number, ours)
-            per_batch[name].append(number)
-    return Measured(per_batch["minidl"], per_batch["torch"], problem)
+
+    def run(name: str) -> tuple[float, float]:
+        got, ours = timed(per_batch_seconds, loaders[name], name)
+        number = harness.as_number(got)
+        if number is None or number <= 0:
+            raise AssertionError(f"your per_batch_seconds returned {got!r} for the {name} loader: it should "
+                                 "return seconds per batch, a positive number, as it did for PacedLoader")
+        return number, ours
+
+    figures = harness.held_rounds(NAMES, rounds, run, _off, CLOCK_FACTOR, 1e-6, warmup=True)
+    return Measured(figures["minidl"], figures["torch"], figures.problem)
 
 
 def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
                    measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch10: ``per_batch_seconds`` times a loader right, and ``ratio`` agrees with what it measures here.
-
-    Prints what it measured. Raises AssertionError at the first problem, with a hint.
-    """
-    return measure_then_judge(
+    """Check ch10: ``per_batch_seconds`` times a loader right, and ``ratio`` agrees with what it measures here
+    (measured twice if the first disagrees). Prints what it measured; raises AssertionError at the first problem."""
+    return harness.measure_then_judge(
         [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
-        lambda: unless_close(lambda: measure(per_batch_seconds), ratio, lambda m: m.ratio, RATIO_FACTOR),
-        lambda measured: (f"Measured with your per_batch_seconds: minidl {statistics.median(measured.minidl) * 1e6:.1f}"
-                          f" µs per batch, torch {statistics.median(measured.torch) * 1e6:.1f} µs; ratio minidl / "
-                          f"torch {measured.ratio:.2f} (median of {len(measured.minidl)} rounds, which ranged "
-                          f"{min(measured.ratios):.2f} to {max(measured.ratios):.2f})"),
+        lambda: harness.unless_close(lambda: measure(per_batch_seconds), ratio, lambda m: m.ratio, RATIO_FACTOR),
+        lambda m: (f"Measured with your per_batch_seconds: minidl {statistics.median(m.minidl) * 1e6:.1f} µs per "
+                   f"batch, torch {statistics.median(m.torch) * 1e6:.1f} µs; ratio minidl / torch {m.ratio:.2f} "
+                   f"(median of {len(m.minidl)} rounds, which ranged {min(m.ratios):.2f} to {max(m.ratios):.2f})"),
         lambda measured, checks: judge(ratio, measured, checks))
 
 
 def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks) -> None:
     for batches, start, every in ((11, 0.2, 0.01), (3, 0.0, 0.05)):
         case = f"a loader of {batches} batches: the first after {start} s, then one every {every} s"
-        got, ours = timed(per_batch_seconds, PacedLoader(batches, start, every), case)
-        number = as_number(got)
+        got, ours = timed(per_batch_seconds, PacedLoader(batches, start, every), "paced")
+        number = harness.as_number(got)
         if number is None:
             checks.fail(case, f"per_batch_seconds should return a number of seconds, but it returned {got!r}")
         high = number > every * 1.6  # else low: the hints for each side apply to it alone
@@ -159,34 +147,33 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
                 if high else "divide by the batches that arrived after the first one: n - 1 for n batches.",
                 (high and abs(number - 1 / every) < 1 / every * 0.4, "that looks like batches per second: return "
                  "seconds per batch."),
-                (high and abs(number / 1000 - every) < every * 0.4, "that looks like milliseconds: return seconds per "
-                 "batch."),
+                (high and abs(number / 1000 - every) < every * 0.4, harness.MILLISECONDS),
                 (high and start and number >= (start + batches * every) / batches * 0.8, "you included the wait for "
                  "the first batch (worker start): start the clock when the first batch arrives."),
                 (not high and number < every * 0.1, "time the whole loop over the loader, not one next() call or the "
                  "creation of the iterator."),
                 (not high and 0.9 < number * batches / (batches - 1) / every < 1.3, "you divided by all n batches, "
                  "but the clock ran only from the first to the last: n - 1 intervals.")))
-        if _off_clock("paced", number, ours):
-            checks.fail(case, _off_clock("paced", number, ours), CLOCK_HINT)
+        if harness.off_the_clock([number], [ours], CLOCK_FACTOR, 1e-6) is not None:
+            checks.fail(case, _off("paced", number, ours), CLOCK_HINT)
         checks.passed += 1
 
 
 def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None:
     """The verdict on your timing (each figure within ``CLOCK_FACTOR`` of the checker's clock on the same epoch) and
-    on the reported ``ratio``: your code's number, within ``RATIO_FACTOR`` of the median of the rounds (measured
-    again once if not)."""
+    on the reported ``ratio``: your code's number, within ``RATIO_FACTOR`` of the median of the rounds."""
     checks = checks or _Checks()
     if measured.problem:
         checks.fail("your per_batch_seconds on both loaders, against the checker's clock", measured.problem,
                     CLOCK_HINT)
     case = f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now"
-    judge_figure(checks, case, "ratio", ratio, [measured.ratio], RATIO_FACTOR,
-                 "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.",
-                 f"your rounds here gave a median of {measured.ratio:.2f} (measured twice if the first disagreed): "
-                 f"{ratio} is more than {RATIO_FACTOR}x away",
-                 "set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
-                 "torch's each round, the median), not a figure from the README or another machine; if the machine "
-                 "got busier or quieter since, run your cell and this one again.",
-                 "you divided the other way round: minidl's per-batch time / torch's.",
-                 {1.0: "1.0 says the two cost the same: report the ratio you measured, not a guess."})
+    harness.judge_figure(
+        checks, case, "ratio", ratio, [measured.ratio], RATIO_FACTOR,
+        "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.",
+        f"your rounds here gave a median of {measured.ratio:.2f} (measured twice if the first disagreed): "
+        f"{ratio} is more than {RATIO_FACTOR}x away",
+        "set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
+        "torch's each round, the median), not a figure from the README or another machine; if the machine "
+        "got busier or quieter since, run your cell and this one again.",
+        "you divided the other way round: minidl's per-batch time / torch's.",
+        {1.0: "1.0 says the two cost the same: report the ratio you measured, not a guess."})

@@ -1,15 +1,14 @@
 """Checker for exercise ch11: vectorise a transform over the batch, or add workers? Decided with numbers.
 
-The learner's ``transform_batch`` must give ``per_sample_transform``'s values for a whole batch in a few whole-array
-operations; the checker re-measures an epoch both ways (workers running the per-sample transform, or the batch
-transform with none) and holds the reported times and choice to it.
+``transform_batch`` must give ``per_sample_transform``'s values for a whole batch in a few whole-array operations;
+the checker times an epoch both ways (workers running the per-sample transform, or the batch transform with none)
+and holds the reported times and choice to it.
 """
 
 from __future__ import annotations
 
 import statistics
 import sys
-import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,17 +19,8 @@ import numpy as np
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 from minidl_course.cores import core_count
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call
-from minidl_course.exercises._measure import (
-    TYPED,
-    as_number,
-    close,
-    interleaved,
-    judge_figure,
-    measure_then_judge,
-    twice,
-    typed,
-)
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
@@ -68,8 +58,7 @@ class ImageDataset(Dataset):
         return len(self.images)
 
     def __getitem__(self, index: int) -> Any:
-        image = self.images[index]
-        return image if self.transform is None else self.transform(image)
+        return self.images[index] if self.transform is None else self.transform(self.images[index])
 
 
 def workers_epoch(images: np.ndarray, num_workers: int = WORKERS) -> None:
@@ -89,64 +78,60 @@ def vectorised_epoch(images: np.ndarray, transform_batch: Callable[[np.ndarray],
 
 @dataclass(frozen=True)
 class Measured:
-    """Seconds per epoch of each option, one per round, and how much faster transform_batch is than the loop."""
+    """Seconds per epoch of each option, one per round, and how much faster transform_batch is than the loop on a
+    batch; ``speedup`` is the median of the per-round ratios workers' epoch / vectorised epoch (below 1: slower)."""
 
     workers: list[float]
     vectorised: list[float]
-    batch_speedup: float  # the per-sample loop over one batch / transform_batch on it
+    batch_speedup: float
 
     @property
     def speedups(self) -> list[float]:
-        """Each round's workers' epoch / vectorised epoch: the rounds are interleaved, so each ratio is fair."""
         return [w / v for w, v in zip(self.workers, self.vectorised, strict=True)]
 
     @property
     def speedup(self) -> float:
-        """How many times faster the vectorised epoch is than the workers' (below 1: slower): the median of
-        the per-round ratios, as notebooks 10 and 11 teach."""
         return statistics.median(self.speedups)
 
 
-def batch_speedup(transform_batch: Callable[[np.ndarray], np.ndarray],
-                  clock: Callable[[], float] = time.perf_counter) -> float:
-    """The per-sample loop over one batch of 32 images, over ``transform_batch`` on the same batch (medians of 5)."""
-    batch = make_images(BATCH, seed=1)
-
-    def loop() -> None:
-        np.stack([per_sample_transform(image) for image in batch])
-
-    times = interleaved({"loop": loop, "batch": lambda: transform_batch(batch)}, rounds=5, clock=clock)
-    return statistics.median(times["loop"]) / statistics.median(times["batch"])
-
-
 def measure(transform_batch: Callable[[np.ndarray], np.ndarray], rounds: int = ROUNDS) -> Measured:
-    """Both epochs in interleaved rounds after a warm-up, and transform_batch against the loop."""
-    images = make_images()
-    speed = batch_speedup(transform_batch)
-    times = interleaved({"workers": lambda: workers_epoch(images),
-                         "vectorised": lambda: vectorised_epoch(images, transform_batch)}, rounds=rounds)
-    return Measured(times["workers"], times["vectorised"], speed)
+    """Both epochs in interleaved rounds after a warm-up, and transform_batch against the loop on one batch of 32
+    images (medians of 5)."""
+    images, batch = make_images(), make_images(BATCH, seed=1)
+    one = harness.interleaved({"loop": lambda: np.stack([per_sample_transform(image) for image in batch]),
+                     "batch": lambda: transform_batch(batch)}, rounds=5)
+    times = harness.interleaved({"workers": lambda: workers_epoch(images),
+                       "vectorised": lambda: vectorised_epoch(images, transform_batch)}, rounds=rounds)
+    return Measured(times["workers"], times["vectorised"],
+                    statistics.median(one["loop"]) / statistics.median(one["batch"]))
 
 
 def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds: Any, choice: Any,
                    measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch11: ``transform_batch`` is right and vectorised; ``seconds`` and ``choice`` match a measurement.
-
-    ``seconds`` is ``{"workers": s, "vectorised": s}``, your epoch times; ``choice`` is "vectorise" or "workers".
-    Prints what it measured. Raises AssertionError at the first problem, with a hint.
-    """
+    """Check ch11: ``transform_batch`` is right and vectorised; ``seconds`` (``{"workers": s, "vectorised": s}``,
+    your epoch times) and ``choice`` ("vectorise" or "workers") match a measurement, taken twice if the first
+    disagrees. Prints what it measured; raises AssertionError at the first problem, with a hint."""
     def check_first(checks: _Checks) -> None:
         check_transform(transform_batch, checks)
         check_answer_shape(seconds, choice, checks)
 
-    return measure_then_judge(
-        [transform_batch], check_first, lambda: twice(lambda: measure(transform_batch), lambda m: _agrees(seconds, m)),
-        lambda measured: (f"Measured: an epoch of {IMAGES} images takes {statistics.median(measured.workers) * 1e3:.0f}"
-                          f" ms with the per-sample transform in {WORKERS} workers, "
-                          f"{statistics.median(measured.vectorised) * 1e3:.0f} ms vectorised with no workers "
-                          f"({measured.speedup:.1f}x); transform_batch is {measured.batch_speedup:.0f}x faster than "
-                          "the per-sample loop on one batch"),
+    return harness.measure_then_judge(
+        [transform_batch], check_first,
+        lambda: harness.twice(lambda: measure(transform_batch), lambda m: harness.close(_ratio(seconds), m.speedup,
+                                                                                      SPEEDUP_FACTOR)),
+        lambda m: (f"Measured: an epoch of {IMAGES} images takes {statistics.median(m.workers) * 1e3:.0f} ms with "
+                   f"the per-sample transform in {WORKERS} workers, {statistics.median(m.vectorised) * 1e3:.0f} ms "
+                   f"vectorised with no workers ({m.speedup:.1f}x); transform_batch is {m.batch_speedup:.0f}x faster "
+                   "than the per-sample loop on one batch"),
         lambda measured, checks: judge(seconds, choice, measured, checks))
+
+
+def _ratio(seconds: Any) -> float:
+    """Your workers' time over your vectorised time; 0.0 when they are not two numbers."""
+    try:
+        return float(seconds["workers"]) / float(seconds["vectorised"])
+    except (TypeError, KeyError, ValueError, ZeroDivisionError):
+        return 0.0
 
 
 def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks: _Checks) -> None:
@@ -178,11 +163,11 @@ def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks:
                         if np.allclose(got, unscaled, rtol=1e-4, atol=1e-3) else "(x / 255 - MEAN[c]) / STD[c] per "
                         "channel c: MEAN.reshape(1, 3, 1, 1) broadcasts over (B, 3, H, W).")
         checks.passed += 1
-    case = f"transform_batch on batches of {SMALL} and of {LARGE} images"
     steps = {b: python_steps(transform_batch, make_images(b, 8, seed=3)) for b in (SMALL, LARGE)}
     if steps[LARGE] - steps[SMALL] >= (LARGE - SMALL) / 2:
-        checks.fail(case, f"it ran {steps[SMALL]} steps of Python for {SMALL} images and {steps[LARGE]} for {LARGE}: "
-                          "Python work for every image",
+        checks.fail(f"transform_batch on batches of {SMALL} and of {LARGE} images",
+                    f"it ran {steps[SMALL]} steps of Python for {SMALL} images and {steps[LARGE]} for {LARGE}: "
+                    "Python work for every image",
                     "a loop over the images (or over rows), a comprehension or a map is not vectorised: write it as "
                     "a few operations on the whole (B, H, W, 3) array, whose number doesn't grow with B.")
     checks.passed += 1
@@ -213,47 +198,39 @@ def check_answer_shape(seconds: Any, choice: Any, checks: _Checks) -> None:
         checks.fail(case, "seconds should be a dict with the keys 'workers' and 'vectorised'",
                     "put your two median epoch times in seconds under those keys.")
     for key, value in seconds.items():
-        number = as_number(value)
-        if number is None or number <= 0:
+        if not harness.positive_numbers([value]):
             checks.fail(case, f"seconds[{key!r}] should be a positive number of seconds, but it is {value!r}")
     if choice not in CHOICES:
         checks.fail(case, f"choice should be one of {CHOICES}, but it is {choice!r}")
     checks.passed += 1
 
 
-def _agrees(seconds: Any, measured: Measured) -> bool:
-    try:
-        return close(float(seconds["workers"]) / float(seconds["vectorised"]), measured.speedup, SPEEDUP_FACTOR)
-    except (TypeError, KeyError, ValueError, ZeroDivisionError):
-        return False
-
-
 def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict on the vectorisation, the reported times and the choice, from the checker's measurement alone."""
+    """The verdict on the reported times and the choice, from the checker's measurement alone."""
     checks = checks or _Checks()
-    reported = float(seconds["workers"]) / float(seconds["vectorised"])
+    reported = _ratio(seconds)
     case = (f"your times, workers {seconds['workers']} s and vectorised {seconds['vectorised']} s ({reported:.2f}x), "
             f"against the {measured.speedup:.2f}x measured")
-    if any(typed(float(s)) for s in seconds.values()):
-        checks.fail(case, "a time with at most three decimals", TYPED.replace("speedup = statistics.median(rounds)",
-                                                                             "statistics.median(times['workers'])"))
+    if any(harness.typed(float(s)) for s in seconds.values()):
+        checks.fail(case, "a time with at most three decimals", harness.TYPED.replace(
+            "speedup = statistics.median(rounds)", "statistics.median(times['workers'])"))
     for key, ours in (("workers", measured.workers), ("vectorised", measured.vectorised)):
         if float(seconds[key]) > 100 * statistics.median(ours):
             checks.fail(case, f"seconds[{key!r}] is {seconds[key]}, but the checker's epochs took "
-                              f"{statistics.median(ours):.3f} s", "that looks like milliseconds: report seconds.")
-    judge_figure(checks, case, "the ratio of your times", reported, [measured.speedup], SPEEDUP_FACTOR, "",
-                 f"the ratio of your times is more than {SPEEDUP_FACTOR}x away from the median of the checker's rounds "
-                 "(measured twice if the first disagreed)",
-                 "time whole epochs of both options in interleaved rounds, the workers' loader created (and its "
-                 "workers started) inside the timed part, and report each option's median.",
-                 f"your two times are swapped: 'workers' is the per-sample transform in {WORKERS} workers.")
-    best = "vectorise" if measured.speedup > 1 else "workers"
-    gap = max(measured.speedup, 1 / measured.speedup)
-    case = f"choice={choice!r}; the checker measured {best!r} faster by {gap:.2f}x"
+                              f"{statistics.median(ours):.3f} s", harness.MILLISECONDS)
+    harness.judge_figure(
+        checks, case, "the ratio of your times", reported, [measured.speedup], SPEEDUP_FACTOR, "",
+        f"the ratio of your times is more than {SPEEDUP_FACTOR}x away from the median of the "
+        "checker's rounds (measured twice if the first disagreed)",
+        "time whole epochs of both options in interleaved rounds, the workers' loader created (and "
+        "its workers started) inside the timed part, and report each option's median.",
+        f"your two times are swapped: 'workers' is the per-sample transform in {WORKERS} workers.")
+    best, gap = ("vectorise", measured.speedup) if measured.speedup > 1 else ("workers", 1 / measured.speedup)
     if gap < BAND:
         print(f"the two options are within {BAND}x of each other here ({gap:.2f}x), so either choice is accepted")
     elif choice != best:
-        checks.fail(case, f"{choice!r} is {gap:.2f}x slower than {best!r}",
+        checks.fail(f"choice={choice!r}; the checker measured {best!r} faster by {gap:.2f}x",
+                    f"{choice!r} is {gap:.2f}x slower than {best!r}",
                     "your times show the vectorised epoch faster: choose 'vectorise'." if choice == "workers"
                     and reported > 1 else "your own times say so: choose the faster option. Vectorising removes the "
                     f"Python overhead on every core; workers only spread it over the cores there are ({WORKERS} here).")

@@ -32,8 +32,8 @@ from minidl.dataset import Dataset
 from minidl.worker import get_worker_info
 from minidl_course import osfacts
 from minidl_course.cores import core_count, worker_sweep
+from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_hint, yours
-from minidl_course.exercises._measure import agrees, as_number, measure_then_judge, off_the_clock
 
 # --- 1. copy-on-read --------------------------------------------------------------------------------
 
@@ -65,20 +65,13 @@ def memory_kind() -> str:
     return "PSS" if osfacts.pss() else "USS"
 
 
-def memory_bytes() -> int:
-    """This process's memory as ``memory_kind()`` says."""
-    size = osfacts.pss_bytes()
-    if size is None:
-        size = osfacts.uss_bytes()
+def memory_collate(batch: list[float]) -> tuple[int, int, float]:
+    """Runs in the worker: ``(worker id, its memory as memory_kind() says, sum of the batch)``."""
+    info, size = get_worker_info(), osfacts.pss_bytes()
+    size = osfacts.uss_bytes() if size is None else size
     if size is None:
         raise OSError(f"{osfacts.uss().line()} ({osfacts.pss().line()})")
-    return size
-
-
-def memory_collate(batch: list[float]) -> tuple[int, int, float]:
-    """Runs in the worker: ``(worker id, the worker's memory now, sum of the batch)``; the sum keeps the work real."""
-    info = get_worker_info()
-    return (-1 if info is None else info.id), memory_bytes(), float(sum(batch))
+    return (-1 if info is None else info.id), size, float(sum(batch))
 
 
 def worker_growth(dataset: Dataset, num_workers: int = 2, batch_size: int = 5000) -> list[float]:
@@ -105,20 +98,17 @@ class LeakMeasured:
 
 def measure_leak(dataset_cls: Callable[[int], Dataset], n: int = ITEMS) -> LeakMeasured:
     """Build both datasets before the workers fork, run an epoch of each, and take the median worker's growth."""
-    yours = statistics.median(worker_growth(dataset_cls(n)))
-    buggy = statistics.median(worker_growth(ListDataset(n)))
-    return LeakMeasured(yours, buggy)
+    return LeakMeasured(statistics.median(worker_growth(dataset_cls(n))),
+                        statistics.median(worker_growth(ListDataset(n))))
 
 
 def check_no_leak(dataset_cls: Callable[[int], Dataset],
                   measure: Callable[[Callable], LeakMeasured] = measure_leak) -> LeakMeasured:
     """Check part 1: ``dataset_cls(n)`` gives ListDataset's items, and its workers' memory does not grow like it."""
-    return measure_then_judge(
+    return harness.measure_then_judge(
         [dataset_cls], lambda checks: check_items(dataset_cls, checks), lambda: measure(dataset_cls),
-        lambda measured: (f"Measured: over one epoch of {ITEMS:,} items with 2 forked workers, each worker's "
-                          f"{memory_kind()} "
-                          f"grew by {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with "
-                          "ListDataset"),
+        lambda m: (f"Measured: over one epoch of {ITEMS:,} items with 2 forked workers, each worker's {memory_kind()} "
+                   f"grew by {m.yours:.1f} MB with your dataset, {m.buggy:.1f} MB with ListDataset"),
         lambda measured, checks: judge_leak(dataset_cls, measured, checks))
 
 
@@ -144,31 +134,25 @@ def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks | None 
     case = f"worker memory growth: {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with ListDataset"
     limit = max(LEAK_FRACTION * measured.buggy, LEAK_FLOOR_MB)
     if measured.yours > limit:
-        held = _held_containers(dataset_cls)
+        try:  # what a small instance keeps in its attributes, for the hint
+            values = list(vars(dataset_cls(10)).values())
+        except Exception:
+            values = []
         checks.fail(case, f"your workers' memory grew by more than {limit:.1f} MB", first_hint(
             "hold the items in one NumPy array (np.arange(n) * 0.5): its data is one block of raw bytes with no "
             "reference counts, so reading it writes nothing and the pages stay shared.",
-            ("object array" in held, "an array of dtype object holds pointers to Python objects, whose reference "
-             "counts still change on every read: use a float64 array."),
-            (held & {"list", "tuple"}, "your dataset still reads from a Python list or tuple of float objects: read "
-             "from the NumPy array in __getitem__, and don't keep the list.")))
+            (any(isinstance(v, np.ndarray) and v.dtype == object for v in values), "an array of dtype object holds "
+             "pointers to Python objects, whose reference counts still change on every read: use a float64 array."),
+            (any(isinstance(v, list | tuple) for v in values), "your dataset still reads from a Python list or tuple "
+             "of float objects: read from the NumPy array in __getitem__, and don't keep the list.")))
     checks.passed += 1
-
-
-def _held_containers(dataset_cls: Any) -> set[str]:
-    """What a small instance of the learner's dataset keeps in its attributes: 'list', 'tuple', 'object array'."""
-    try:
-        values = vars(dataset_cls(10)).values()
-    except Exception:
-        return set()
-    return ({type(v).__name__ for v in values if isinstance(v, list | tuple)}
-            | {"object array" for v in values if isinstance(v, np.ndarray) and v.dtype == object})
 
 
 # --- 2. a hang at fork --------------------------------------------------------------------------------
 
 LOCK = threading.Lock()
 HANG_TIMEOUT_S = 30.0  # spawn starts two fresh interpreters: a few seconds, more on a busy machine
+EXPECTED_BATCHES = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
 
 
 def hold_lock_forever() -> threading.Thread:
@@ -208,8 +192,7 @@ def _run_locked_loader(loader_kwargs: dict[str, Any]) -> None:
     time.sleep(0.1)
     warnings.simplefilter("ignore")
     loader = DataLoader(LockedDataset(), batch_size=4, num_workers=2, **loader_kwargs)
-    batches = [batch.tolist() if hasattr(batch, "tolist") else batch for batch in loader]
-    print("OK", json.dumps(batches))
+    print("OK", json.dumps([batch.tolist() if hasattr(batch, "tolist") else batch for batch in loader]))
 
 
 @dataclass(frozen=True)
@@ -241,19 +224,15 @@ def run_locked_loader(loader_kwargs: Mapping[str, Any], timeout: float = HANG_TI
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-    seconds = time.perf_counter() - start
     if process.returncode == 0 and out.startswith("OK"):
-        return Outcome("ok", out.strip(), seconds)
+        return Outcome("ok", out.strip(), time.perf_counter() - start)
     lines = [line for line in err.strip().splitlines() if line.strip()]
-    return Outcome("error", lines[-1] if lines else f"exit code {process.returncode}", seconds)
-
-
-EXPECTED_BATCHES = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    return Outcome("error", lines[-1] if lines else f"exit code {process.returncode}", time.perf_counter() - start)
 
 
 def check_no_hang(loader_kwargs: Any, run: Callable[[Mapping[str, Any]], Outcome] = run_locked_loader) -> Outcome:
     """Check part 2: with ``loader_kwargs``, two workers finish an epoch of LockedDataset beside the busy thread."""
-    return measure_then_judge(
+    return harness.measure_then_judge(
         [], lambda checks: check_kwargs(loader_kwargs, checks), lambda: run(loader_kwargs),
         lambda outcome: (f"Ran DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{loader_kwargs!r}) in a "
                          f"separate process: {outcome.status} after {outcome.seconds:.1f} s ({outcome.detail[:80]})"),
@@ -262,19 +241,18 @@ def check_no_hang(loader_kwargs: Any, run: Callable[[Mapping[str, Any]], Outcome
 
 def check_kwargs(loader_kwargs: Any, checks: _Checks) -> None:
     case = f"loader_kwargs = {loader_kwargs!r}"
+    keep = "keep two worker processes: avoiding {} hides the bug instead of fixing it"
     if not isinstance(loader_kwargs, dict):
         checks.fail(case, f"loader_kwargs should be a dict, but it is {type(loader_kwargs).__name__}",
                     "a dict of DataLoader keyword arguments, e.g. {'multiprocessing_context': ...}.")
     for key in ("num_workers", "dataset", "batch_size"):
         if key in loader_kwargs:
             checks.fail(case, f"loader_kwargs sets {key}, which the exercise fixes",
-                        "keep two worker processes: avoiding workers hides the bug instead of fixing it."
-                        if key == "num_workers" else "change how workers start, not the data.")
+                        keep.format("workers") + "." if key == "num_workers" else "change how workers start, not "
+                        "the data.")
     if loader_kwargs.get("worker_method", "multiprocessing") != "multiprocessing":
         checks.fail(case, f"loader_kwargs sets worker_method={loader_kwargs['worker_method']!r}: no worker process "
-                          "starts, so nothing is forked",
-                    "keep two worker processes: avoiding them hides the bug instead of fixing it; change how they "
-                    "start.")
+                          "starts, so nothing is forked", keep.format("them") + "; change how they start.")
     try:
         json.dumps(loader_kwargs)
     except TypeError:
@@ -288,10 +266,10 @@ def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Chec
     checks = checks or _Checks()
     case = f"DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{dict(loader_kwargs)!r})"
     context = loader_kwargs.get("multiprocessing_context")
+    hint = ("a forked worker starts with a copy of the parent's memory, LOCK included, taken by a thread that "
+            "does not exist in the child: start workers with multiprocessing_context='spawn' (or 'forkserver'), "
+            "which run a fresh interpreter.")
     if outcome.status == "hang":
-        hint = ("a forked worker starts with a copy of the parent's memory, LOCK included, taken by a thread that "
-                "does not exist in the child: start workers with multiprocessing_context='spawn' (or "
-                "'forkserver'), which run a fresh interpreter.")
         checks.fail(case, f"it hung: {outcome.detail}", first_hint(
             hint, (context in (None, "fork") and loader_kwargs.get("persistent_workers"),
                    "persistent workers are still forked once, with the lock held: " + hint),
@@ -314,6 +292,8 @@ SWEEP = worker_sweep()  # num_workers to try on this machine: 0 ... past its cor
 TOLERANCE = 1.3  # any num_workers whose epoch is within this factor of the fastest is accepted
 SWEEP_ROUNDS = 3
 SWEEP_FACTOR = 1.5  # each time in your sweep must lie within this factor of what your timer gives the checker
+CLOCK_HINT = ("time the epoch you run: read time.perf_counter() just before sweep_epoch(w, dataset) and just after "
+              "it, with the w you were given, and return the difference (not a number typed in).")
 
 
 class DecodeDataset(Dataset):
@@ -335,48 +315,47 @@ class DecodeDataset(Dataset):
         return s
 
 
+_EPOCHS: list[tuple[int, float]] | None = None  # while the checker runs your time_epoch: (num_workers, seconds)
+
+
 def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
     """One epoch of ``DecodeDataset`` with ``num_workers`` forked workers, batch_size 4 (spawned workers would time
     interpreter starts, not loading; Windows has only spawn)."""
     start = time.perf_counter()
-    forks = num_workers > 0 and "fork" in multiprocessing.get_all_start_methods()
-    context = "fork" if forks else None  # torch refuses a context without workers
+    context = "fork" if num_workers > 0 and "fork" in multiprocessing.get_all_start_methods() else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # more workers than cores, on purpose; fork in a process with threads
         for _ in DataLoader(dataset or DecodeDataset(), batch_size=4, num_workers=num_workers,
-                            multiprocessing_context=context):
+                            multiprocessing_context=context):  # torch refuses a context without workers
             pass
     if _EPOCHS is not None:  # the checker is clocking your time_epoch: note this epoch on its clock
         _EPOCHS.append((num_workers, time.perf_counter() - start))
 
 
-_EPOCHS: list[tuple[int, float]] | None = None  # while a check runs your time_epoch: (num_workers, seconds) per epoch
+def clocked_epoch(time_epoch: Callable[[int], Any], w: int) -> tuple[Any, float | None]:
+    """``time_epoch(w)``, and the seconds of the last ``sweep_epoch(w, ...)`` it ran on the checker's clock."""
+    global _EPOCHS
+    _EPOCHS = []
+    try:
+        got = call(time_epoch, w, what="time_epoch", case=f"time_epoch({w})")
+        return got, next((s for n, s in reversed(_EPOCHS) if n == w), None)
+    finally:
+        _EPOCHS = None
 
 
-class Sweep(dict):
-    """``{num_workers: [seconds per round]}`` from your time_epoch, and where it left the checker's clock."""
-
-    problem = ""
+def _off(w: int, got: float, ours: float | None) -> str:
+    return f"time_epoch({w}) returned {got:.3f} s, but " + (
+        f"the sweep_epoch({w}, ...) it ran took {ours:.3f} s on the checker's clock" if ours is not None else
+        f"it ran no sweep_epoch({w}, ...)")
 
 
 def measure_sweep(time_epoch: Callable[[int], float], rounds: int = SWEEP_ROUNDS) -> dict[int, list[float]]:
-    """Your ``time_epoch(w)`` for each ``w`` in ``SWEEP``, in interleaved rounds: ``{num_workers: [seconds]}``."""
-    global _EPOCHS
-    times = Sweep({w: [] for w in SWEEP})
-    for r in range(rounds):
-        for w in SWEEP[r % len(SWEEP):] + SWEEP[:r % len(SWEEP)]:
-            _EPOCHS = []
-            try:
-                got = call(time_epoch, w, what="time_epoch", case=f"time_epoch({w})")
-                epochs = [s for n, s in _EPOCHS if n == w]
-            finally:
-                _EPOCHS = None
-            times[w].append(float(got))
-            if not times.problem and off_the_clock([float(got)], epochs[-1:]) is not None:
-                times.problem = (f"time_epoch({w}) returned {float(got):.3f} s, but " + (
-                    f"the sweep_epoch({w}, ...) it ran took {epochs[-1]:.3f} s on the checker's clock" if epochs else
-                    f"it ran no sweep_epoch({w}, ...)"))
-    return times
+    """Your ``time_epoch(w)`` for each ``w`` in ``SWEEP``, in rotating rounds, each held to the checker's clock."""
+    def run(w: int) -> tuple[float, float | None]:
+        got, ours = clocked_epoch(time_epoch, w)
+        return float(got), ours
+
+    return harness.held_rounds(SWEEP, rounds, run, _off)
 
 
 def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
@@ -396,31 +375,25 @@ def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], 
         check_sweep_answer(num_workers, sweep, checks)
         check_timer(time_epoch, checks)
 
-    return measure_then_judge([], first, measure or (lambda: measure_sweep(time_epoch)), report,
-                              lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
+    return harness.measure_then_judge([], first, measure or (lambda: measure_sweep(time_epoch)), report,
+                                      lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
 
 
-def check_timer(time_epoch: Any, checks: _Checks, clock: Callable[[], float] = time.perf_counter) -> None:
-    """``time_epoch(0)`` returns seconds, and they are the epoch it ran: within the time the call took, most of it."""
+def check_timer(time_epoch: Any, checks: _Checks) -> None:
+    """``time_epoch(0)`` returns seconds, those of the epoch it ran on the checker's clock, as in every round."""
     case = "time_epoch(0)"
     if not callable(time_epoch):
         checks.fail(case, f"time_epoch should be a function of num_workers, but it is {time_epoch!r}",
                     "def time_epoch(w): start = time.perf_counter(); sweep_epoch(w, dataset); "
                     "return time.perf_counter() - start")
-    start = clock()
-    got = time_epoch(0)
-    took = clock() - start
-    seconds = as_number(got)
+    got, ours = clocked_epoch(time_epoch, 0)
+    seconds = harness.as_number(got)
     if seconds is None or seconds <= 0:
         checks.fail(case, f"should return the epoch's seconds, a positive number, but it returned {got!r}",
                     "return time.perf_counter() - start, taken around sweep_epoch(w, dataset).")
-    if took > 0.01 and 0.5 * took <= seconds / 1000 <= took * 1.05:
-        checks.fail(case, f"returned {seconds:.3f}, but the call took {took:.3f} s",
-                    "that looks like milliseconds: return seconds, time.perf_counter() after minus before.")
-    if not 0.5 * took <= seconds <= took * 1.05 + 1e-3:
-        checks.fail(case, f"returned {seconds:.3f} s, but the call took {took:.3f} s",
-                    "time the epoch you run: read time.perf_counter() just before sweep_epoch(w, dataset) and "
-                    "just after it, and return the difference (not a number typed in).")
+    if harness.off_the_clock([seconds], [] if ours is None else [ours]) is not None:
+        in_ms = ours and harness.close(seconds / 1000, ours, 1.25)
+        checks.fail(case, _off(0, seconds, ours), harness.MILLISECONDS if in_ms else CLOCK_HINT)
     checks.passed += 1
 
 
@@ -429,7 +402,7 @@ def check_sweep_answer(num_workers: Any, sweep: Any, checks: _Checks) -> None:
     if not isinstance(sweep, dict) or sorted(sweep) != sorted(SWEEP):
         checks.fail(case, f"sweep should be a dict with one epoch time per num_workers in SWEEP, {SWEEP}",
                     "keep the sweep you ran and plotted: {num_workers: median seconds}.")
-    if any(as_number(s) is None or as_number(s) <= 0 for s in sweep.values()):
+    if any(harness.as_number(s) is None or harness.as_number(s) <= 0 for s in sweep.values()):
         checks.fail(case, "every time in sweep should be a positive number of seconds",
                     "keep the medians your timer measured: {w: statistics.median(times[w]) for w in SWEEP}.")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int | np.integer) or num_workers not in SWEEP:
@@ -443,10 +416,8 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
     """The verdict on part 3: your sweep against your timer's rounds in the checker, then your choice against them."""
     checks = checks or _Checks()
     if getattr(measured, "problem", ""):
-        checks.fail("your time_epoch, run by the checker", measured.problem,
-                    "time the epoch you run: time.perf_counter() just before and just after sweep_epoch(w, dataset), "
-                    "with the w you were given; return the difference.")
-    off = [w for w in SWEEP if not agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
+        checks.fail("your time_epoch, run by the checker", measured.problem, CLOCK_HINT)
+    off = [w for w in SWEEP if not harness.agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
     if off:
         w = off[0]
         checks.fail(f"your sweep says {w} workers took {float(sweep[w]):.3f} s",
@@ -460,12 +431,12 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
     case = (f"num_workers={num_workers}: your timer measured {medians[num_workers] * 1e3:.0f} ms, the fastest "
             f"({best} workers) {medians[best] * 1e3:.0f} ms")
     if medians[num_workers] > medians[best] * TOLERANCE:
-        yours = min(sweep, key=sweep.get)
-        checks.fail(case, f"{num_workers} workers was {medians[num_workers] / medians[best]:.2f}x slower than "
-                          f"{best}", first_hint(
+        mine = min(sweep, key=sweep.get)
+        checks.fail(case, f"{num_workers} workers was {medians[num_workers] / medians[best]:.2f}x slower than {best}",
+                    first_hint(
             f"pick the num_workers of the lowest point of your sweep, or the fewest workers within {TOLERANCE}x of it.",
-            (yours != num_workers and sweep[num_workers] > sweep[yours] * TOLERANCE,
-             f"your own sweep says {yours} workers was fastest ({sweep[yours]:.3f} s): choose from your data."),
+            (mine != num_workers and sweep[num_workers] > sweep[mine] * TOLERANCE,
+             f"your own sweep says {mine} workers was fastest ({sweep[mine]:.3f} s): choose from your data."),
             (num_workers == max(SWEEP), f"more workers than cores ({core_count()} here) don't help once the cores are "
              f"busy: each one costs a process start and memory. Choose the fastest, or the fewest workers within "
              f"{TOLERANCE}x of it."),
