@@ -177,11 +177,16 @@ class Overlap:
     traces: dict = field(default_factory=dict)  # num_workers -> minidl Trace of the fastest epoch with the step
 
     def ideal(self, workers: int, with_step: bool) -> float:
-        """The epoch if nothing but loading and the step cost anything: in turn without workers, overlapped with."""
+        """The epoch if nothing but loading and the step cost anything: in turn without workers, overlapped with.
+
+        With workers, the first batch's load has no step to hide under, and the last step no load: whichever of
+        loading and stepping is the slower sets the pace in between.
+        """
         step = self.step_s if with_step else 0.0
         if workers == 0:
             return self.batches * (self.load_s + step)
-        return self.batches * max(step, self.load_s / workers)
+        loading = math.ceil(self.batches / workers) * self.load_s  # every worker loads its share, one batch at a time
+        return max(self.load_s + self.batches * step, loading + step)
 
     def table(self) -> str:
         lines = [f"{self.batches} batches; loading a batch sleeps {self.load_s * 1e3:.0f} ms, the step "

@@ -82,13 +82,27 @@ def test_overlap_study_times_every_setting_and_keeps_the_stepped_traces():
     assert study.batches == 4 and study.load_s == pytest.approx(0.004)
     # Sleeps cannot be skipped: no epoch is shorter than what it sleeps in the main process.
     assert study.seconds[0, True] >= 4 * (0.004 + 0.01) and study.seconds[1, True] >= 4 * 0.01
-    assert study.ideal(0, True) == pytest.approx(4 * 0.014) and study.ideal(1, True) == pytest.approx(4 * 0.01)
+    assert study.ideal(0, True) == pytest.approx(4 * 0.014)
+    # With a worker the first load has nothing to hide under: 4 ms, then 4 steps of 10 ms.
+    assert study.ideal(1, True) == pytest.approx(0.004 + 4 * 0.01) and study.ideal(1, False) == pytest.approx(4 * 0.004)
     for workers, trace in study.traces.items():  # each kept trace holds one epoch with the step: 4 steps
         consumer = [r for r in trace.rows() if r["event"] == "consumer"]
         assert len(consumer) == 4 and all(r["end"] - r["start"] >= 0.01 for r in consumer)
         assert trace.num_workers == workers
     assert "1 worker took" in study.verdict() and "with the step" in study.table()
     assert len(study.plot().axes) == 2
+
+
+def test_overlap_ideal_leaves_the_first_load_and_the_last_step_unhidden():
+    # 8 batches, 20 ms to load one, a 20 ms step: the notebook's full-mode settings.
+    study = ch05.Overlap(step_s=0.02, load_s=0.02, batches=8)
+    assert study.ideal(0, True) == pytest.approx(8 * 0.04) and study.ideal(0, False) == pytest.approx(8 * 0.02)
+    assert study.ideal(1, True) == pytest.approx(0.02 + 8 * 0.02)  # the steps set the pace, after the first load
+    assert study.ideal(2, True) == pytest.approx(0.02 + 8 * 0.02)  # a second worker cannot shorten the steps
+    assert study.ideal(1, False) == pytest.approx(8 * 0.02) and study.ideal(2, False) == pytest.approx(4 * 0.02)
+    slow_load = ch05.Overlap(step_s=0.01, load_s=0.04, batches=8)  # loading is slower: it sets the pace
+    assert slow_load.ideal(1, True) == pytest.approx(8 * 0.04 + 0.01)
+    assert slow_load.ideal(2, True) == pytest.approx(4 * 0.04 + 0.01)
 
 
 def test_overlap_study_refuses_a_sweep_without_its_baselines():
