@@ -40,6 +40,14 @@ def plot_trace(trace: Any, ax: Any, title: str, caption: str | None = None) -> A
     the main lane; drawn as tall as the wait bars and under them, the buffer spans could not be seen.
     """
     trace.plot(ax=ax, title=title, caption=caption)
+    # Without workers the main process fetches and collates inside its own wait in next(): those bars lie
+    # under the wait's, so they go, and with them their legend entries (nothing listed that cannot be seen).
+    waits = [p.get_extents() for c in ax.collections if c.get_label() == "wait" for p in c.get_paths()]
+    for collection in list(ax.collections):
+        if collection.get_label() in ("fetch", "collate") and all(
+                any(w.y0 == b.y0 and w.x0 <= b.x0 + 1e-6 and b.x1 <= w.x1 + 1e-6 for w in waits)
+                for b in (p.get_extents() for p in collection.get_paths())):
+            collection.remove()
     for collection in list(ax.collections):
         if collection.get_label() == "reorder":
             spans = [(p.get_extents().x0, p.get_extents().width, p.get_extents().y0, p.get_extents().height)

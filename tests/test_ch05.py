@@ -43,6 +43,25 @@ def test_plot_trace_names_events_in_words_and_draws_the_reorder_buffer_above_the
     plt.close(fig)
 
 
+@pytest.mark.timeout(120)
+def test_plot_trace_lists_no_bar_hidden_under_the_main_process_wait():
+    loader = minidl.DataLoader(LabelledImages(6, delay=0.005), batch_size=2, num_workers=0, trace=True)
+    for _ in loader:
+        pass
+    fig, ax = plt.subplots()
+    ch05.plot_trace(loader.trace, ax, title="t")
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    # In the main process the fetch and the collate run inside the wait in next(), drawn over them.
+    assert "main process waiting in next()" in labels and "one sample (__getitem__)" in labels
+    assert "a worker fetching a batch" not in labels and "collating" not in labels
+    plt.close(fig)
+    two = traced_epoch(in_order=True)  # with workers, their fetches stay
+    fig, ax = plt.subplots()
+    ch05.plot_trace(two, ax, title="t")
+    assert "a worker fetching a batch" in [text.get_text() for text in ax.get_legend().get_texts()]
+    plt.close(fig)
+
+
 def test_workers_needed_uncapped_is_batch_time_over_step_rounded_up():
     d = SimpleNamespace(batch_time=0.064, consumer_step=0.0013, workers_needed=12)
     assert ch05.workers_needed_uncapped(d) == 50
