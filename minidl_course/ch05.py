@@ -40,6 +40,14 @@ def plot_trace(trace: Any, ax: Any, title: str, caption: str | None = None) -> A
     the main lane; drawn as tall as the wait bars and under them, the buffer spans could not be seen.
     """
     trace.plot(ax=ax, title=title, caption=caption)
+    # Without workers the main process fetches and collates inside its own wait in next(): those bars lie
+    # under the wait's, so they go, and with them their legend entries (nothing listed that cannot be seen).
+    waits = [p.get_extents() for c in ax.collections if c.get_label() == "wait" for p in c.get_paths()]
+    for collection in list(ax.collections):
+        if collection.get_label() in ("fetch", "collate") and all(
+                any(w.y0 == b.y0 and w.x0 <= b.x0 + 1e-6 and b.x1 <= w.x1 + 1e-6 for w in waits)
+                for b in (p.get_extents() for p in collection.get_paths())):
+            collection.remove()
     for collection in list(ax.collections):
         if collection.get_label() == "reorder":
             spans = [(p.get_extents().x0, p.get_extents().width, p.get_extents().y0, p.get_extents().height)
@@ -177,11 +185,16 @@ class Overlap:
     traces: dict = field(default_factory=dict)  # num_workers -> minidl Trace of the fastest epoch with the step
 
     def ideal(self, workers: int, with_step: bool) -> float:
-        """The epoch if nothing but loading and the step cost anything: in turn without workers, overlapped with."""
+        """The epoch if nothing but loading and the step cost anything: in turn without workers, overlapped with.
+
+        With workers, the first batch's load has no step to hide under, and the last step no load: whichever of
+        loading and stepping is the slower sets the pace in between.
+        """
         step = self.step_s if with_step else 0.0
         if workers == 0:
             return self.batches * (self.load_s + step)
-        return self.batches * max(step, self.load_s / workers)
+        loading = math.ceil(self.batches / workers) * self.load_s  # every worker loads its share, one batch at a time
+        return max(self.load_s + self.batches * step, loading + step)
 
     def table(self) -> str:
         lines = [f"{self.batches} batches; loading a batch sleeps {self.load_s * 1e3:.0f} ms, the step "

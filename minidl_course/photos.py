@@ -289,7 +289,7 @@ def denormalize(images, mean: Sequence[float] = MEAN, std: Sequence[float] = STD
 def show_batch(images, labels: Sequence[int] | None = None, classes: Sequence[str] = CLASSES, *,
                normalized: bool = False, mean: Sequence[float] = MEAN, std: Sequence[float] = STD,
                columns: int = 8, title: str | None = None):
-    """A grid of one batch's images (uint8 ``(N, C, H, W)``, or ``normalized=True`` floats), titled by class."""
+    """A grid of one batch's images (uint8 ``(N, C, H, W)`` or ``normalized=True`` floats), titled by class name."""
     import matplotlib.pyplot as plt
 
     pixels = denormalize(images, mean, std) if normalized else np.asarray(images)
@@ -304,7 +304,7 @@ def show_batch(images, labels: Sequence[int] | None = None, classes: Sequence[st
         if i < n:
             ax.imshow(pixels[i].transpose(1, 2, 0))
             if labels is not None:
-                ax.set_title(classes[int(labels[i])], fontsize=8)
+                ax.set_title(classes[int(labels[i])].replace("_", " "), fontsize=8)  # grace_hopper: in words
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

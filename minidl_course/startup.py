@@ -52,9 +52,10 @@ class StartupCost:
         return "start-up" if self.startup_s > self.steady_s else "the batches"
 
     def __str__(self) -> str:
-        worth = self.startup_s / self.per_batch_s if self.per_batch_s > 0 else float("inf")
+        worth = f"{self.startup_s / self.per_batch_s:.0f}" if self.per_batch_s > 0 else "inf"
+        batches = "batch's" if worth == "1" else "batches'"
         return (f"{self.start_method}: first batch {self.first_batch_s:.3f} s, then {self.per_batch_s * 1e3:.1f} ms "
-                f"a batch; start-up {self.startup_s:.3f} s (~{worth:.0f} batches' worth) against "
+                f"a batch; start-up {self.startup_s:.3f} s (~{worth} {batches} worth) against "
                 f"{self.steady_s:.3f} s for the other {self.batches - 1} batches: {self.dominant} dominate"
                 f"{'s' if self.dominant == 'start-up' else ''}")
 

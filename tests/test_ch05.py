@@ -43,6 +43,25 @@ def test_plot_trace_names_events_in_words_and_draws_the_reorder_buffer_above_the
     plt.close(fig)
 
 
+@pytest.mark.timeout(120)
+def test_plot_trace_lists_no_bar_hidden_under_the_main_process_wait():
+    loader = minidl.DataLoader(LabelledImages(6, delay=0.005), batch_size=2, num_workers=0, trace=True)
+    for _ in loader:
+        pass
+    fig, ax = plt.subplots()
+    ch05.plot_trace(loader.trace, ax, title="t")
+    labels = [text.get_text() for text in ax.get_legend().get_texts()]
+    # In the main process the fetch and the collate run inside the wait in next(), drawn over them.
+    assert "main process waiting in next()" in labels and "one sample (__getitem__)" in labels
+    assert "a worker fetching a batch" not in labels and "collating" not in labels
+    plt.close(fig)
+    two = traced_epoch(in_order=True)  # with workers, their fetches stay
+    fig, ax = plt.subplots()
+    ch05.plot_trace(two, ax, title="t")
+    assert "a worker fetching a batch" in [text.get_text() for text in ax.get_legend().get_texts()]
+    plt.close(fig)
+
+
 def test_workers_needed_uncapped_is_batch_time_over_step_rounded_up():
     d = SimpleNamespace(batch_time=0.064, consumer_step=0.0013, workers_needed=12)
     assert ch05.workers_needed_uncapped(d) == 50
@@ -82,13 +101,27 @@ def test_overlap_study_times_every_setting_and_keeps_the_stepped_traces():
     assert study.batches == 4 and study.load_s == pytest.approx(0.004)
     # Sleeps cannot be skipped: no epoch is shorter than what it sleeps in the main process.
     assert study.seconds[0, True] >= 4 * (0.004 + 0.01) and study.seconds[1, True] >= 4 * 0.01
-    assert study.ideal(0, True) == pytest.approx(4 * 0.014) and study.ideal(1, True) == pytest.approx(4 * 0.01)
+    assert study.ideal(0, True) == pytest.approx(4 * 0.014)
+    # With a worker the first load has nothing to hide under: 4 ms, then 4 steps of 10 ms.
+    assert study.ideal(1, True) == pytest.approx(0.004 + 4 * 0.01) and study.ideal(1, False) == pytest.approx(4 * 0.004)
     for workers, trace in study.traces.items():  # each kept trace holds one epoch with the step: 4 steps
         consumer = [r for r in trace.rows() if r["event"] == "consumer"]
         assert len(consumer) == 4 and all(r["end"] - r["start"] >= 0.01 for r in consumer)
         assert trace.num_workers == workers
     assert "1 worker took" in study.verdict() and "with the step" in study.table()
     assert len(study.plot().axes) == 2
+
+
+def test_overlap_ideal_leaves_the_first_load_and_the_last_step_unhidden():
+    # 8 batches, 20 ms to load one, a 20 ms step: the notebook's full-mode settings.
+    study = ch05.Overlap(step_s=0.02, load_s=0.02, batches=8)
+    assert study.ideal(0, True) == pytest.approx(8 * 0.04) and study.ideal(0, False) == pytest.approx(8 * 0.02)
+    assert study.ideal(1, True) == pytest.approx(0.02 + 8 * 0.02)  # the steps set the pace, after the first load
+    assert study.ideal(2, True) == pytest.approx(0.02 + 8 * 0.02)  # a second worker cannot shorten the steps
+    assert study.ideal(1, False) == pytest.approx(8 * 0.02) and study.ideal(2, False) == pytest.approx(4 * 0.02)
+    slow_load = ch05.Overlap(step_s=0.01, load_s=0.04, batches=8)  # loading is slower: it sets the pace
+    assert slow_load.ideal(1, True) == pytest.approx(8 * 0.04 + 0.01)
+    assert slow_load.ideal(2, True) == pytest.approx(4 * 0.04 + 0.01)
 
 
 def test_overlap_study_refuses_a_sweep_without_its_baselines():

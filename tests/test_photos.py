@@ -201,4 +201,7 @@ def test_show_batch_draws_each_image_with_its_class(folder):
         assert len(fig.axes) == 12 and len(drawn) == 10  # 3 rows of 4, two left empty
         for ax, image, label in zip(drawn, images.numpy(), labels.tolist()):
             assert np.array_equal(np.asarray(ax.get_images()[0].get_array()), image.transpose(1, 2, 0))
-            assert ax.get_title() == photos.CLASSES[label]
+            assert ax.get_title() == photos.CLASSES[label].replace("_", " ")
+    hopper = photos.CLASSES.index("grace_hopper")  # a class name with an underscore is titled in words
+    fig = photos.show_batch(images[:1], [hopper])
+    assert [ax.get_title() for ax in fig.axes if ax.get_images()] == ["grace hopper"]

@@ -77,6 +77,8 @@ def test_summary_says_which_part_dominates():
     assert slow_start.dominant == "start-up"
     assert str(slow_start) == ("spawn: first batch 1.010 s, then 10.0 ms a batch; start-up 1.000 s (~100 batches' "
                                "worth) against 0.100 s for the other 10 batches: start-up dominates")
+    one_batch = StartupCost("fork", first_batch_s=0.02, per_batch_s=0.01, batches=11)
+    assert "(~1 batch's worth)" in str(one_batch)
     long_epoch = StartupCost("fork", first_batch_s=0.05, per_batch_s=0.01, batches=101)
     assert long_epoch.dominant == "the batches" and str(long_epoch).endswith(": the batches dominate")
     quicker_than_a_batch = StartupCost("thread", first_batch_s=0.005, per_batch_s=0.01, batches=3)
