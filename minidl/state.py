@@ -224,7 +224,7 @@ def _mt19937_readable() -> bool:
     bg = np.random.MT19937(1234)
     bg.random_raw(700)  # a position other than 0 or 624
     state = bg.state["state"]
-    expected = np.asarray(state["key"], dtype="<u4").tobytes() + int(state["pos"]).to_bytes(4, sys.byteorder)
+    expected = np.asarray(state["key"], np.uint32).tobytes() + int(state["pos"]).to_bytes(4, sys.byteorder)
     return ctypes.string_at(bg.ctypes.state_address, _MT19937_BYTES) == expected
 
 
@@ -249,7 +249,8 @@ def _random_readable() -> bool:
 def _caches_normal(state: WorkerState) -> bool:
     """Whether NumPy's legacy generator held a cached normal in ``state``. It draws normals in pairs and keeps the
     second beside its words: drawing that one moves nothing its fingerprint reads, so while one is cached the
-    fingerprint can't tell, and the worker sends its whole state."""
+    fingerprint can't tell, and the worker sends its whole state. (Left unseen: a dataset's ``set_state()`` that
+    keeps the words as they were and adds a cached normal.)"""
     saved = state.streams[1] if state.streams else None
     return isinstance(saved, dict) and bool(saved.get("has_gauss"))
 
