@@ -24,9 +24,11 @@ from __future__ import annotations
 
 import base64
 import copy
+import ctypes
 import dataclasses
 import functools
 import itertools
+import pickle
 import random
 import sys
 import warnings
@@ -72,9 +74,10 @@ from minidl.worker import (
 #                                                       _process_data(batch, i): _worker_states[i] = the
 #                                                       state that came with the batch handed out
 #
-# A worker whose streams and `ended` are as they were in the last state it sent ships _Unchanged (its id)
-# instead, and the main process takes the state it last received from that worker (_last_sent). A dataset that
-# draws nothing then adds a few bytes to each batch, not the three streams' full states.
+# A worker whose streams and `ended` are as they were in the last state it sent ships its id instead, and the
+# main process takes the state it last received from that worker (_last_sent). A dataset that draws nothing then
+# adds a few bytes to each batch, not the three streams' full states. Whether the streams moved is read every
+# batch, so it is read cheaply: each stream's fingerprint (_fingerprints), not its JSON-safe state.
 #
 # state_dict() reads _worker_states and never talks to a worker. A worker ships its state with every task
 # only when snapshot_every_n_steps=1 (torchdata's name and default); with n > 1 it ships it with the tasks
@@ -181,25 +184,75 @@ def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
     return fetcher
 
 
-def _raw_streams(rng) -> tuple:
-    """The streams' states as they come, cheap to compare: whether a worker's state changed since it last sent it."""
-    out = []
-    for g in _streams(rng):
-        if isinstance(g, np.random.RandomState):
-            _, key, *rest = g.get_state(legacy=True)
-            out.append((key.tobytes(), *rest))
-        elif isinstance(g, np.random.Generator):
-            out.append(repr(g.bit_generator.state))
-        elif isinstance(g, random.Random):
-            out.append(g.getstate())
-        else:
-            out.append(None if g is None else g.get_state().numpy().tobytes())
-    return tuple(out)
+def _fingerprints(rng) -> tuple:
+    """What tells whether a worker's streams moved since it last sent its state: equal fingerprints, equal states.
+    Read every batch, so each is the cheapest exact read of its stream (see _fingerprint)."""
+    return tuple(_fingerprint(g) for g in _streams(rng))
 
 
-# What a worker ships instead of a WorkerState equal to the last one it sent: its id. Most datasets draw
-# nothing, so a worker's streams stay put, and each batch carries its id instead of the streams' full states.
-_Unchanged = namedtuple("_Unchanged", "worker_id")
+def _fingerprint(g) -> Any:
+    if g is None:
+        return None
+    if isinstance(g, random.Random):
+        if type(g) is random.Random and _random_readable():
+            # getstate() makes 625 ints (~9 µs), and comparing them costs ~5 µs more. CPython keeps the words in
+            # the object, after its header: the position, then the 624 words, read at once (~0.5 µs).
+            return ctypes.string_at(id(g) + _RANDOM_OFFSET, _MT19937_BYTES), g.gauss_next
+        return g.getstate()
+    if isinstance(g, np.random.RandomState):  # NumPy's global generator (the normal it may cache: see _caches_normal)
+        return _bit_generator_fingerprint(g._bit_generator)
+    if isinstance(g, np.random.Generator):
+        return _bit_generator_fingerprint(g.bit_generator)
+    return g.get_state().numpy().tobytes()  # a torch.Generator (~2 µs)
+
+
+def _bit_generator_fingerprint(bg) -> Any:
+    if isinstance(bg, np.random.MT19937) and _mt19937_readable():
+        # MT19937's `state` copies its 624 words into an array one at a time (~30 µs). The struct behind its
+        # ctypes interface holds the same words, then the position: 2,500 bytes, read at once (~0.5 µs).
+        return ctypes.string_at(bg.ctypes.state_address, _MT19937_BYTES)
+    return pickle.dumps(bg.state)  # exact for any bit generator's state, arrays included (PCG64: ~2 µs)
+
+
+_MT19937_BYTES = 624 * 4 + 4  # the 624 words and the position: NumPy's MT19937 and Python's random alike
+
+
+@functools.cache
+def _mt19937_readable() -> bool:
+    """Whether the struct at ``MT19937.ctypes.state_address`` is laid out as ``_bit_generator_fingerprint`` reads it
+    (checked once against ``state``: NumPy does not promise the layout)."""
+    bg = np.random.MT19937(1234)
+    bg.random_raw(700)  # a position other than 0 or 624
+    state = bg.state["state"]
+    expected = np.asarray(state["key"], np.uint32).tobytes() + int(state["pos"]).to_bytes(4, sys.byteorder)
+    return ctypes.string_at(bg.ctypes.state_address, _MT19937_BYTES) == expected
+
+
+_RANDOM_OFFSET = object.__basicsize__  # CPython's random.Random: the object header, int index, uint32_t state[624]
+
+
+@functools.cache
+def _random_readable() -> bool:
+    """Whether a ``random.Random``'s words lie where ``_fingerprint`` reads them (checked once against
+    ``getstate()``, on CPython only: elsewhere ``id()`` is no address)."""
+    import _random as c_random
+
+    if sys.implementation.name != "cpython" or c_random.Random.__basicsize__ < _RANDOM_OFFSET + _MT19937_BYTES:
+        return False
+    g = random.Random(1234)
+    g.getrandbits(32 * 100)  # a position other than 0 or 624
+    _, internal, _ = g.getstate()
+    expected = internal[-1].to_bytes(4, sys.byteorder, signed=True) + np.asarray(internal[:-1], np.uint32).tobytes()
+    return ctypes.string_at(id(g) + _RANDOM_OFFSET, _MT19937_BYTES) == expected
+
+
+def _caches_normal(state: WorkerState) -> bool:
+    """Whether NumPy's legacy generator held a cached normal in ``state``. It draws normals in pairs and keeps the
+    second beside its words: drawing that one moves nothing its fingerprint reads, so while one is cached the
+    fingerprint can't tell, and the worker sends its whole state. (Left unseen: a dataset's ``set_state()`` that
+    keeps the words as they were and adds a cached normal.)"""
+    saved = state.streams[1] if state.streams else None
+    return isinstance(saved, dict) and bool(saved.get("has_gauss"))
 
 
 def restore_streams(state: WorkerState | None, rng) -> None:
@@ -388,7 +441,7 @@ class _StatefulResultQueue:
     def __init__(self, queue, worker_id: int, layer: _StatefulWorker, create_fetcher) -> None:
         self.queue, self.worker_id, self.layer, self._create_fetcher = queue, worker_id, layer, create_fetcher
         self.resume, self.fetcher, self.replay = layer.resume, None, layer.replay
-        self.last_sent = None  # (ended, _raw_streams) of the last WorkerState sent: an equal one goes as _Unchanged
+        self.last_sent = None  # (ended, _fingerprints) of the last WorkerState sent: an equal one goes as the id
 
     def create_fetcher(self, kind, dataset, auto_collation, collate_fn, drop_last):
         if self.resume is not None:  # the first fetcher, after worker_init_fn (which may reseed): the saved state wins
@@ -412,9 +465,8 @@ class _StatefulResultQueue:
         ended = isinstance(data, _IterableDatasetStopIteration) or getattr(self.fetcher, "ended", False)
         info = get_worker_info()
         try:
-            if isinstance(idx, _ResumeIteration):
-                self.last_sent = (False, _raw_streams(info.rng)) if not _has_state(info.dataset) else None
-                r = ship(r, "state", (self.worker_id, capture_worker_state(info.rng, info.dataset)))  # no fetcher yet
+            if isinstance(idx, _ResumeIteration):  # no fetcher yet
+                r = ship(r, "state", (self.worker_id, self._capture(info, (False, _fingerprints(info.rng)), None)))
             elif ended or self.layer.ships_state(idx):  # ended: also when a short last batch used the replica up
                 r = ship(r, "state", self._state(info, ended))
         except Exception:  # the dataset's state_dict() failed: raised in the main process, with this batch
@@ -422,15 +474,20 @@ class _StatefulResultQueue:
         self.queue.put(r)
 
     def _state(self, info, ended: bool):
-        """The worker's state now, or _Unchanged if it equals the last one sent (only streams and ``ended`` to
+        """The worker's state now, or its id if that equals the last state sent (only streams and ``ended`` to
         compare: a dataset or iterator with its own state always sends it)."""
         if any(_has_state(x) for x in (info.dataset, getattr(self.fetcher, "dataset_iter", None))):
             return capture_worker_state(info.rng, info.dataset, ended, self.fetcher)
-        now = (ended, _raw_streams(info.rng))
+        now = (ended, _fingerprints(info.rng))
         if now == self.last_sent:
-            return _Unchanged(self.worker_id)
-        self.last_sent = now
-        return capture_worker_state(info.rng, info.dataset, ended, self.fetcher)
+            return self.worker_id  # an int pickles in a few bytes, and costs the main process nothing to look up
+        return self._capture(info, now, self.fetcher)
+
+    def _capture(self, info, now: tuple, fetcher) -> WorkerState:
+        """The worker's whole state; ``now``, its fingerprint, is what the next batches compare with."""
+        state = capture_worker_state(info.rng, info.dataset, now[0], fetcher)
+        self.last_sent = None if _caches_normal(state) else now  # None: no fingerprint equals it
+        return state
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
         return getattr(self.queue, name)
@@ -646,7 +703,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
         resumed = self._resumed if first_iter else None
         if first_iter:  # each worker's state after the last batch the consumer had from it (None: freshly seeded)
             self._worker_states = list(resumed and resumed.workers or [None] * self._num_workers)
-            self._last_sent = [None] * self._num_workers  # the last WorkerState each worker sent (see _Unchanged)
+            self._last_sent = [None] * self._num_workers  # the last WorkerState each worker sent (see NOTE)
         else:  # a new epoch on persistent workers: its draws start from here; each worker's ack brings its state
             self._generator_states, self._epoch_draws_base_seed = capture_generators(self._generators), False
         self._stale = [False] * self._num_workers  # True: a batch without its state was handed out since
@@ -684,8 +741,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
 
     def _get_data(self):
         r, idx, state = unship(super()._get_data(), "state")
-        if isinstance(state, _Unchanged):  # the same as the last state this worker sent
-            state = self._last_sent[state.worker_id]
+        if isinstance(state, int):  # a worker's id: its state is the last one it sent
+            state = self._last_sent[state]
         elif isinstance(state, WorkerState) and isinstance(idx, int) and idx in self._task_info:
             self._last_sent[self._task_info[idx][0]] = state
         if isinstance(idx, _ResumeIteration):

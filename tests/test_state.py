@@ -174,6 +174,46 @@ def test_bad_version_is_refused():
         minidl.DataLoader(toy.RangeDataset(4), stateful=True).load_state_dict({"version": 99})
 
 
+class NormalDraws(minidl.Dataset):
+    """``(index, one normal from NumPy's global stream)``: the legacy generator draws normals in pairs and keeps
+    the second, so every other item takes the kept one and leaves the generator's words as they were."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, index: int):
+        return index, float(np.random.standard_normal())
+
+
+@pytest.mark.parametrize("cut", [1, 2, 3])
+def test_resume_after_a_batch_that_used_numpys_cached_normal(cut):
+    """A batch that only used the kept normal leaves the words unchanged: the worker must still send its state."""
+    def make():
+        return minidl.DataLoader(NormalDraws(), batch_size=1, num_workers=1, stateful=True)
+
+    full, resumed = interrupted_equals_uninterrupted(make, cut=cut)
+    assert_same_batches(resumed, full)
+
+
+def test_fingerprints_follow_every_stream():
+    """Each stream's fingerprint changes with a draw, and is equal again once the stream is set back."""
+    from minidl import state
+
+    assert state._mt19937_readable() and state._random_readable()  # this platform reads the words at once
+    caching = random.Random(6)
+    caching.gauss()  # drew a pair of normals and keeps one: the next gauss() moves no word
+    streams = [random.Random(1), np.random.RandomState(2), np.random.default_rng(3), torch.Generator().manual_seed(4),
+               np.random.Generator(np.random.MT19937(5)), caching, random.Random(7)]
+    draws = [lambda g: g.random(), lambda g: g.rand(), lambda g: g.random(), lambda g: torch.rand((), generator=g),
+             lambda g: g.random(), lambda g: g.gauss(), lambda g: g.getrandbits(32 * 624)]  # a whole round of words
+    for g, draw in zip(streams, draws):
+        saved, before = state.rng_state(g), state._fingerprint(g)
+        draw(g)
+        assert state._fingerprint(g) != before, type(g)
+        state.set_rng_state(g, saved)
+        assert state._fingerprint(g) == before, type(g)
+
+
 def test_a_numpy_driven_loader_does_not_import_torch():
     import os
     import subprocess
