@@ -1,11 +1,11 @@
-"""No worker outlives its cell: the check `make mac` (scripts/mac_run.py) and `make nbval` (conftest.py) run.
+"""No worker outlives its cell: the check `make mac` (scripts/mac_run.py) and `make nbval` (tests/nbval_leaks.py) run.
 
 Before each cell the kernel's descendants are listed (psutil, from the kernel's pid); after it, any live one that
-was not there before and is not one of multiprocessing's long-lived helpers (the resource tracker, the forkserver
-server) is a process the cell started and left running: a DataLoader iterator still holding its workers, say. If
-such a worker dies later (at kernel shutdown, say), the loader's SIGCHLD handler raises in the kernel's idle loop and
-kills the kernel. The check reports the process's command line and kills it, then the kernel too: its loader's
-handler would raise at the worker's death and leave it dead or stuck, and the run must go on, not wait on it.
+was not there before and is not a long-lived helper (multiprocessing's resource tracker and forkserver server,
+torch's shm manager) is a process the cell started and left running: a DataLoader iterator still holding its
+workers, say. If such a worker dies later (at kernel shutdown, say), the loader's SIGCHLD handler raises in the
+kernel's idle loop and kills the kernel. The check reports the process's command line and kills it, then the kernel
+too: its loader's handler would raise at the worker's death and leave it dead or stuck; the run must go on.
 """
 
 from __future__ import annotations
@@ -14,8 +14,10 @@ import time
 
 import psutil
 
-# Started once by spawn/forkserver and kept for the kernel's life: not a cell's workers (tests/loadertools.py too).
-MP_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+# Started once and kept for the kernel's life, not a cell's workers: multiprocessing's helpers (spawn/forkserver;
+# tests/loadertools.py names them too), and torch's torch_shm_manager, which the file_system sharing strategy starts
+# at the first tensor it shares and which serves every later one (make mac's 07, cell 27, under spawn).
+HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "torch_shm_manager")
 GRACE = 10.0  # seconds a process the cell ended is given to exit (a worker told to stop, a pool terminating)
 
 Snapshot = dict[tuple[int, float], str]  # (pid, start time) -> command line: a pid the system reused is new
@@ -33,7 +35,7 @@ def children(kernel_pid: int) -> Snapshot:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue  # exited, not yet reaped: nothing left running
             cmdline = " ".join(proc.cmdline())
-            if any(helper in cmdline for helper in MP_HELPERS):
+            if any(helper in cmdline for helper in HELPERS):
                 continue
             found[(proc.pid, proc.create_time())] = cmdline
         except psutil.Error:
