@@ -14,6 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+from cell_leaks import children  # noqa: E402
 from mac_run import run_one  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -76,3 +77,15 @@ def test_nbval_fails_the_cell_whose_iterator_kept_its_workers(tmp_path):
 def test_nbval_passes_the_cell_that_deletes_its_iterator(tmp_path):
     run = nbval(notebook(tmp_path, OPEN, CLOSE, AFTER))
     assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_long_lived_helpers_are_not_counted_and_a_plain_child_is():
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    procs = [subprocess.Popen(sleep + [tag]) for tag in ("torch_shm_manager", "multiprocessing.resource_tracker", "x")]
+    try:
+        found = children(os.getpid())
+        assert [cmd.split()[-1] for cmd in found.values() if cmd.startswith(sys.executable)] == ["x"], found
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
