@@ -68,7 +68,7 @@ def kill(procs: Snapshot, kernel_pid: int) -> None:
         pass
 
 
-def describe(where: str, procs: Snapshot) -> str:
-    """One line per process: where it was started and its command line."""
+def describe(where: str, procs: Snapshot) -> list[str]:
+    """One line per process (where it was started, its command line), and one saying what was killed."""
     lines = [f"{where}: process {pid} outlived its cell: {cmd[:300]}" for (pid, _), cmd in procs.items()]
-    return "\n".join([*lines, f"{where}: killed, and the kernel with it (the cells after it do not run)"])
+    return [*lines, f"{where}: killed, and the kernel with it (the cells after it do not run)"]

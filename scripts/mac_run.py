@@ -65,7 +65,7 @@ def run_one(rel: str, out: Path | None) -> tuple[str, list[str], float]:
     def check(cell, cell_index, execute_reply):  # after it: what it started and left running
         left = outlived(client.km.provisioner.pid, before)
         if left:
-            leaks.append(describe(f"cell {cell_index}", left))
+            leaks.extend(describe(f"cell {cell_index}", left))
             kill(left, client.km.provisioner.pid)
         before.clear()
 

@@ -30,4 +30,5 @@ def pytest_runtest_call(item):
         if left:
             kill(left, pid)
             kernel.km.provisioner.process.wait(10)  # so the next cell finds it dead, and does not wait on a reply
-            pytest.fail(describe(f"{item.path.name} cell {item.cell_num} (code cells counted)", left), pytrace=False)
+            where = f"{item.path.name} cell {item.cell_num} (code cells counted)"
+            pytest.fail("\n".join(describe(where, left)), pytrace=False)
