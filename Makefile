@@ -60,8 +60,9 @@ unit-forkserver unit-spawn: unit-%: setup
 # kernels run without it here (a learner still sees it).
 # A cell may take up to 300 s (pytest-timeout; 120 s for the unit tests): under spawn every worker is a fresh
 # interpreter that imports torch, and ch12's num_workers sweep starts 16 of them a round.
+# tests/nbval_leaks.py fails a cell that leaves a process it started running after it (a worker outlived its cell).
 NBVAL := env MINIDL_QUICK=1 PYTHONWARNINGS="ignore:This DataLoader will create:UserWarning" $(PYTEST) -p no:cacheprovider \
-	--timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+	-p tests.nbval_leaks --timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
 
 nbval: setup
 	bash scripts/other_machine.sh $(NBVAL)

@@ -8,7 +8,9 @@ kernel and every process it starts (spawned workers, ``python -m`` children) see
 ``os.sched_getaffinity`` (the stand-in's docstring says exactly what is changed and what is not). Outputs are not
 compared with the committed ones (a Mac prints other numbers); a notebook fails, as in ``make browser``
 (scripts/browser_run.py's ``judge``), on an error in a cell not tagged ``raises-exception`` (an unfilled exercise's
-``YourTurn`` is so tagged), on cells left unrun, and on a committed plot the run did not draw.
+``YourTurn`` is so tagged), on cells left unrun, on a committed plot the run did not draw, and on a process a cell
+started that is still running after it (scripts/cell_leaks.py: its command line is reported; it and the kernel are
+killed so the run goes on).
 
 Left out unless ``--all`` or named: notebooks that start no process worker and ask the platform nothing
 (``SKIPPED``): the start method cannot change them, and ``make nbval`` runs them. ``make test`` runs this script:
@@ -29,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "mac_standin"
 sys.path.insert(0, str(ROOT / "scripts"))
 from browser_run import judge, report  # noqa: E402  (the browser run's verdict, cell by cell, and its report)
+from cell_leaks import children, describe, kill, outlived  # noqa: E402  (no worker outlives its cell)
 
 # No process worker, no multiprocessing, no /proc, /dev/shm, psutil, sharing strategy or core count in these:
 # threads, samplers, collate and CUDA streams (checked with `grep`, see tests/test_mac_standin.py).
@@ -54,15 +57,29 @@ def run_one(rel: str, out: Path | None) -> tuple[str, list[str], float]:
     path = ROOT / "notebooks" / rel
     committed = nbformat.read(path, as_version=4)
     ran = nbformat.read(path, as_version=4)
+    leaks, before = [], {}
+
+    def snapshot(cell, cell_index):  # before each cell: the kernel's processes
+        before.update(children(client.km.provisioner.pid))
+
+    def check(cell, cell_index, execute_reply):  # after it: what it started and left running
+        left = outlived(client.km.provisioner.pid, before)
+        if left:
+            leaks.extend(describe(f"cell {cell_index}", left))
+            kill(left, client.km.provisioner.pid)
+        before.clear()
+
     client = NotebookClient(ran, timeout=CELL_TIMEOUT, kernel_name="python3", allow_errors=True,
                             extra_arguments=["--Application.log_level=ERROR"],  # not its TCP warning
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}},
+                            on_cell_execute=snapshot, on_cell_executed=check)
     start = time.monotonic()
     try:
         client.execute()
         problems = judge(json.loads(nbformat.writes(committed)), json.loads(nbformat.writes(ran)))
     except Exception as error:  # noqa: BLE001 -- a dead kernel or a time-out: this notebook fails, the run goes on
         problems = [f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"]
+    problems += leaks
     if out is not None:
         target = out / rel
         target.parent.mkdir(parents=True, exist_ok=True)

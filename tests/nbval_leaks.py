@@ -1,0 +1,34 @@
+"""A pytest plugin for `make nbval` (``-p tests.nbval_leaks``): a cell that leaves a process running fails.
+
+scripts/cell_leaks.py does the check: the process's command line is reported; it and the kernel are killed, so the
+run goes on. Only nbval's cells are watched; the unit tests have their own check (tests/conftest.py's ``no_leaks``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    kernel = getattr(getattr(item, "parent", None), "kernel", None)
+    if type(item).__name__ != "IPyNbCell" or kernel is None or item.options.get("skip"):
+        return (yield)
+    from cell_leaks import children, describe, kill, outlived
+
+    pid = kernel.km.provisioner.pid
+    before = children(pid)
+    try:
+        return (yield)
+    finally:
+        left = outlived(pid, before)
+        if left:
+            kill(left, pid)
+            kernel.km.provisioner.process.wait(10)  # so the next cell finds it dead, and does not wait on a reply
+            where = f"{item.path.name} cell {item.cell_num} (code cells counted)"
+            pytest.fail("\n".join(describe(where, left)), pytrace=False)
