@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import CodeType
@@ -151,6 +152,9 @@ class YourTurn(Exception):
         super().__init__(worker_report or self.MESSAGE)
 
     def _render_traceback_(self) -> list[str]:
+        # IPython keeps the last exception, and its frames would keep a half-read DataLoader iterator (and its
+        # workers) alive after the cell: clear them, now that IPython is done with them.
+        traceback.clear_frames(self.__traceback__)
         where = " (raised in a worker)" if str(self).startswith("Caught YourTurn") else ""
         return [f"YourTurn: {self.MESSAGE}{where}"]
 
