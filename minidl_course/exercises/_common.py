@@ -30,9 +30,11 @@ def _loaders() -> tuple[tuple[str, type], ...]:
 
 
 class _Checks:
-    """Counts the checks passed; ``fail`` raises the first mismatch with its case and a hint."""
+    """Counts the checks passed; ``fail`` raises the first mismatch with its case and a hint. Made with the answers to
+    check, it first refuses a reference answer among them."""
 
-    def __init__(self) -> None:
+    def __init__(self, *answers: Any) -> None:
+        refuse_reference(*answers)
         self.passed = 0
 
     def fail(self, case: str, problem: str, hint: str = "") -> None:
@@ -42,10 +44,12 @@ class _Checks:
     def done(self) -> None:
         print(f"All {self.passed} checks passed")
 
-    def watched(self, library: Library, case: str, problem: str, hint: str, run: Callable[..., Any], *args: Any) -> Any:
-        """``run(*args)`` with a Tripwire on ``library``: a call of it fails the check, ``problem`` and ``hint``
-        naming it as ``{0}``, whatever ``run`` raised."""
-        return run_watched(Tripwire(watch(library)), lambda: run(*args),
+    def watched(self, library: Library, case: str, problem: str, hint: str, fn: Callable[..., Any], *args: Any,
+                what: str | None = None, explain: Callable[[Exception], None] | None = None) -> Any:
+        """``fn(*args)`` with a Tripwire on ``library``: a call of it fails the check, ``problem`` and ``hint``
+        naming it as ``{0}``, whatever ``fn`` raised. With ``what``, ``fn`` is the learner's: run by ``call``."""
+        run = (lambda: call(fn, *args, what=what, case=case, explain=explain)) if what else (lambda: fn(*args))
+        return run_watched(Tripwire(watch(library)), run,
                            lambda label: self.fail(case, problem.format(label), hint.format(label)))
 
     def refuse_cell_function(self, fn: Any, problem: str, hint: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from minidl.sampler import BatchSampler
-from minidl_course.exercises._common import _Checks, _loaders, _torch, _type_name, call, first_hint, refuse_reference
+from minidl_course.exercises._common import _Checks, _loaders, _torch, _type_name, call, first_hint
 from minidl_course.exercises.ch03_collate import make_token_samples
 
 DELEGATED = ("your sampler hands the batching to {0}: cut the sorted order into batches yourself, "
@@ -56,9 +56,8 @@ def expected_epochs(lengths: list[int], batch_size: int, drop_last: bool, shuffl
 def check_sampler(sampler_cls: Callable[..., Any]) -> None:
     """Check ch02_sampler: ``sampler_cls(lengths, batch_size, drop_last, shuffle, generator)`` against the spec:
     ``len()`` and three epochs on each case, then inside minidl's and torch's DataLoader."""
-    refuse_reference(sampler_cls)
     torch = _torch()
-    checks = _Checks()
+    checks = _Checks(sampler_cls)
     saved_rng = torch.get_rng_state()  # shuffling without a generator draws from the global RNG
     library = {"minidl's BatchSampler": (BatchSampler,), "torch's BatchSampler": (torch.utils.data.BatchSampler,)}
     try:
