@@ -1,6 +1,5 @@
-"""What every checker shares: counting checks, calling the learner's code, comparing batches, refusing a
-reference answer or one that hands the work to the library.
-"""
+"""What every checker shares: counting checks, calling the learner's code, comparing batches, refusing a reference
+answer or one that hands the work to the library."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ Library = dict[str, tuple[Any, ...]]  # {label: the functions or classes an answ
 
 def _torch():
     import torch  # only when a check runs: importing the checkers needs NumPy alone
-
     return torch
 
 
@@ -48,13 +46,20 @@ class _Checks:
                 what: str | None = None, explain: Callable[[Exception], None] | None = None) -> Any:
         """``fn(*args)`` with a Tripwire on ``library``: a call of it fails the check, ``problem`` and ``hint``
         naming it as ``{0}``, whatever ``fn`` raised. With ``what``, ``fn`` is the learner's: run by ``call``."""
-        run = (lambda: call(fn, *args, what=what, case=case, explain=explain)) if what else (lambda: fn(*args))
-        return run_watched(Tripwire(watch(library)), run,
-                           lambda label: self.fail(case, problem.format(label), hint.format(label)))
+        wire, result = Tripwire(watch(library)), None
+        try:
+            with wire:
+                result = call(fn, *args, what=what, case=case, explain=explain) if what else fn(*args)
+        except Exception:
+            if not wire.hits:
+                raise
+        if wire.hits:
+            self.fail(case, problem.format(wire.hits[0]), hint.format(wire.hits[0]))
+        return result
 
     def refuse_cell_function(self, fn: Any, problem: str, hint: str) -> None:
         """Fail when ``fn`` was defined in a notebook cell: a worker started by spawn or forkserver can't import it."""
-        if defined_in_cell(fn):
+        if getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__"):
             self.fail(f"{getattr(fn, '__name__', fn)!r}, defined in this notebook", problem, hint)
 
 
@@ -65,11 +70,6 @@ def first_hint(default: str, *cases: tuple[Any, str]) -> str:
     'stop is excluded'
     """
     return next((hint for holds, hint in cases if holds), default)
-
-
-def defined_in_cell(fn: Any) -> bool:
-    """True when ``fn`` was defined in a notebook cell, which a worker started by spawn or forkserver can't import."""
-    return getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__")
 
 
 # --- calling the learner's code ---------------------------------------------------------------------
@@ -145,8 +145,7 @@ def _short(obj: Any) -> str:
 
 
 class YourTurn(Exception):
-    """Raised by an exercise cell not written yet, shown by IPython as one line; its cells are tagged
-    ``raises-exception`` so Run All goes on.
+    """Raised by an exercise cell not written yet, shown by IPython as one line (cells tagged ``raises-exception``).
 
     >>> YourTurn()._render_traceback_()
     ['YourTurn: your turn: write the code marked YOUR CODE HERE, then run this cell again']
@@ -236,17 +235,3 @@ class Tripwire:
         self.active = False
         self._every_thread(self._saved[1])
         sys.setprofile(self._saved[0])
-
-
-def run_watched(wire: Tripwire, run: Callable[[], Any], on_hit: Callable[[str], None]) -> Any:
-    """``run()`` with ``wire`` active; a hit goes to ``on_hit`` first, whatever ``run`` raised."""
-    try:
-        with wire:
-            result = run()
-    except Exception:
-        if not wire.hits:
-            raise
-        result = None
-    if wire.hits:
-        on_hit(wire.hits[0])
-    return result

@@ -1,6 +1,5 @@
 """Checker for ch05_worker_loop: the loop each worker process runs (notebook 05), checked against the spec task by
-task; ``run_worker_processes`` is the main process's side, in small, for the notebook's payoff cell.
-"""
+task; ``run_worker_processes`` is the main process's side, in small, for the notebook's payoff cell."""
 
 from __future__ import annotations
 
@@ -281,7 +280,6 @@ def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: 
 
 
 def _check_worker_in_processes(worker_loop, start_method: str | None, checks: _Checks) -> None:
-    """Two real worker processes, tasks dealt round-robin, answers gathered from one shared result queue."""
     dataset, tasks = toy.FailingDataset(24, bad_index=13), [(k, [2 * k, 2 * k + 1]) for k in range(12)]
     case = (f"two worker processes ({start_method or multiprocessing.get_start_method()}), FailingDataset(24, "
             "bad_index=13), default_collate, tasks (k, [2k, 2k + 1]) for k in 0..11 dealt round-robin")
@@ -292,11 +290,5 @@ def _check_worker_in_processes(worker_loop, start_method: str | None, checks: _C
                     "write it into a module file and import it from there, so a fresh process can import it.")
     except RuntimeError as e:
         checks.fail(case, str(e).splitlines()[0], "return from the function when you read None; nothing else.")
-    for idx, want in expected_answers(dataset, default_collate, tasks):
-        have = got.get(idx)
-        if isinstance(want, ExceptionWrapper) and not (isinstance(have, ExceptionWrapper)
-                                                       and have.exc_type is want.exc_type):
-            checks.fail(case, f"task {idx} should come back as an ExceptionWrapper holding a KeyError, "
-                              f"but it is {_short(have)}")
-        elif not isinstance(want, ExceptionWrapper) and first_difference(want, have):
-            checks.fail(case, first_difference(want, have, where=f"the batch of task {idx}"))
+    for k, (idx, want) in enumerate(expected_answers(dataset, default_collate, tasks)):
+        _compare_result(k, (idx, want), (idx, got.get(idx)), tasks, dataset, case, checks)
