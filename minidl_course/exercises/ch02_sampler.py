@@ -100,12 +100,11 @@ def _run_case(sampler_cls, lengths, batch_size, drop_last, shuffle, seed, case, 
     if got_len != len(expected[0]):
         checks.fail(case, f"len(sampler) should be {len(expected[0])}, but it is {got_len}",
                     "len is the number of batches an epoch yields: n // batch_size with drop_last, else rounded up.")
-    first = None
+    epochs = []
     for epoch in range(3 if shuffle else 1):  # without shuffling every epoch is the same
         where = case + (f", epoch {epoch + 1}" if shuffle else "")
-        got = call(list, sampler, what="sampler's __iter__", case=where)
-        first = got if epoch == 0 else first
-        if epoch > 0 and got == first and expected[epoch] != expected[0]:
+        epochs.append(got := call(list, sampler, what="sampler's __iter__", case=where))
+        if epoch > 0 and got == epochs[0] and expected[epoch] != expected[0]:
             checks.fail(where, f"epoch {epoch + 1} gave the same batch order as epoch 1: {got}",
                         "draw the permutation inside __iter__, so that each epoch is shuffled anew.")
         _compare_batches(expected[epoch], got, lengths, batch_size, drop_last, shuffle, where, checks)
