@@ -2,8 +2,7 @@
 
 A checker runs the learner's answer on seeded cases and stops at the first wrong one with AssertionError: the case,
 what was expected, what came back, and a hint. Expected values come from torch, the spec or the checker's own
-measurement, never from a reference answer (``tests/reference_answers/``, not installed; one imported from there is
-refused). Needs torch when a check runs.
+measurement, never from a reference answer (one imported from ``tests/reference_answers/`` is refused).
 """
 
 from minidl_course.exercises._common import ReferenceAnswer, YourTurn, first_difference

@@ -1,6 +1,5 @@
-"""What every checker shares: comparing batches, counting checks, calling the learner's code, refusing a
-reference answer or one that hands the work to the library.
-"""
+"""What every checker shares: counting checks, calling the learner's code, comparing batches, refusing a reference
+answer or one that hands the work to the library."""
 
 from __future__ import annotations
 
@@ -16,65 +15,12 @@ import numpy as np
 
 from minidl.dataloader import DataLoader
 
+Library = dict[str, tuple[Any, ...]]  # {label: the functions or classes an answer must not hand its work to}
+
 
 def _torch():
     import torch  # only when a check runs: importing the checkers needs NumPy alone
-
     return torch
-
-
-# --- comparing two batches ------------------------------------------------------------------------
-
-
-def first_difference(expected: Any, got: Any, where: str = "batch") -> str | None:
-    """Where ``got`` first differs from ``expected`` (type, keys, length, dtype, shape, value), in words; None if
-    they are equal. Dict keys may come in any order.
-
-    >>> first_difference({"x": [1, 2]}, {"x": [1, 3]})
-    "batch['x'][1] should be 2, but it is 3"
-    >>> first_difference((1, "a"), (1, "a")) is None
-    True
-    """
-    torch = _torch()
-    if type(got) is not type(expected):
-        return f"{where} should be {_type_name(expected)}, but it is {_type_name(got)}"
-    if isinstance(expected, torch.Tensor | np.ndarray):
-        if got.dtype != expected.dtype:
-            return f"{where} should have dtype {expected.dtype}, but it has dtype {got.dtype}"
-        if tuple(got.shape) != tuple(expected.shape):
-            return f"{where} should have shape {tuple(expected.shape)}, but it has shape {tuple(got.shape)}"
-        differs = (got != expected) if isinstance(got, np.ndarray) else (got != expected).numpy()
-        if differs.any():
-            pos = tuple(int(i) for i in np.argwhere(differs)[0])
-            return (f"{where}[{', '.join(map(str, pos))}] should be {expected[pos].item()!r}, "
-                    f"but it is {got[pos].item()!r}")
-        return None
-    if isinstance(expected, dict):
-        if set(got) != set(expected):  # the same keys, in any order
-            return f"{where} should have the keys {list(expected)}, but it has {list(got)}"
-        for key in expected:
-            found = first_difference(expected[key], got[key], f"{where}[{key!r}]")
-            if found:
-                return found
-        return None
-    if isinstance(expected, list | tuple):
-        if len(got) != len(expected):
-            return f"{where} should have {len(expected)} elements, but it has {len(got)}"
-        for i, (e, g) in enumerate(zip(expected, got)):
-            found = first_difference(e, g, f"{where}[{i}]")
-            if found:
-                return found
-        return None
-    if got != expected:
-        return f"{where} should be {expected!r}, but it is {got!r}"
-    return None
-
-
-def _type_name(obj: Any) -> str:
-    """``obj``'s type with an article: "a list", "an int", "a torch.Tensor"."""
-    t = type(obj)
-    name = t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
 def _loaders() -> tuple[tuple[str, type], ...]:
@@ -83,19 +29,39 @@ def _loaders() -> tuple[tuple[str, type], ...]:
 
 
 class _Checks:
-    """Counts the checks passed; ``fail`` raises the first mismatch with its case and a hint."""
+    """Counts the checks passed; ``fail`` raises the first mismatch with its case and a hint. Made with the answers to
+    check, it first refuses a reference answer among them."""
 
-    def __init__(self) -> None:
+    def __init__(self, *answers: Any) -> None:
+        refuse_reference(*answers)
         self.passed = 0
 
     def fail(self, case: str, problem: str, hint: str = "") -> None:
-        message = f"check {self.passed + 1} failed, for {case}:\n  {problem}"
-        if hint:
-            message += f"\n  Hint: {hint}"
-        raise AssertionError(message)
+        raise AssertionError(f"check {self.passed + 1} failed, for {case}:\n  {problem}"
+                             + (f"\n  Hint: {hint}" if hint else ""))
 
     def done(self) -> None:
         print(f"All {self.passed} checks passed")
+
+    def watched(self, library: Library, case: str, problem: str, hint: str, fn: Callable[..., Any], *args: Any,
+                what: str | None = None, explain: Callable[[Exception], None] | None = None) -> Any:
+        """``fn(*args)`` with a Tripwire on ``library``: a call of it fails the check, ``problem`` and ``hint``
+        naming it as ``{0}``, whatever ``fn`` raised. With ``what``, ``fn`` is the learner's: run by ``call``."""
+        wire, result = Tripwire(watch(library)), None
+        try:
+            with wire:
+                result = call(fn, *args, what=what, case=case, explain=explain) if what else fn(*args)
+        except Exception:
+            if not wire.hits:
+                raise
+        if wire.hits:
+            self.fail(case, problem.format(wire.hits[0]), hint.format(wire.hits[0]))
+        return result
+
+    def refuse_cell_function(self, fn: Any, problem: str, hint: str) -> None:
+        """Fail when ``fn`` was defined in a notebook cell: a worker started by spawn or forkserver can't import it."""
+        if getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__"):
+            self.fail(f"{getattr(fn, '__name__', fn)!r}, defined in this notebook", problem, hint)
 
 
 def first_hint(default: str, *cases: tuple[Any, str]) -> str:
@@ -105,11 +71,6 @@ def first_hint(default: str, *cases: tuple[Any, str]) -> str:
     'stop is excluded'
     """
     return next((hint for holds, hint in cases if holds), default)
-
-
-def defined_in_cell(fn: Any) -> bool:
-    """True when ``fn`` was defined in a notebook cell, which a worker started by spawn or forkserver can't import."""
-    return getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__")
 
 
 # --- calling the learner's code ---------------------------------------------------------------------
@@ -135,12 +96,57 @@ def call(fn: Callable[..., Any], *args: Any, what: str, case: str,
         return fn(*args, **kwargs)
 
 
-# --- an exercise cell not filled in yet -------------------------------------------------------------
+# --- comparing what came back with what was expected -------------------------------------------------
+
+
+def first_difference(expected: Any, got: Any, where: str = "batch") -> str | None:
+    """Where ``got`` first differs from ``expected`` (type, keys, length, dtype, shape, value), in words; None if
+    they are equal. Dict keys may come in any order.
+
+    >>> first_difference({"x": [1, 2]}, {"x": [1, 3]})
+    "batch['x'][1] should be 2, but it is 3"
+    """
+    torch = _torch()
+    if type(got) is not type(expected):
+        return f"{where} should be {_type_name(expected)}, but it is {_type_name(got)}"
+    if isinstance(expected, torch.Tensor | np.ndarray):
+        if got.dtype != expected.dtype:
+            return f"{where} should have dtype {expected.dtype}, but it has dtype {got.dtype}"
+        if tuple(got.shape) != tuple(expected.shape):
+            return f"{where} should have shape {tuple(expected.shape)}, but it has shape {tuple(got.shape)}"
+        differs = (got != expected) if isinstance(got, np.ndarray) else (got != expected).numpy()
+        if not differs.any():
+            return None
+        pos = tuple(int(i) for i in np.argwhere(differs)[0])
+        return f"{where}[{', '.join(map(str, pos))}] should be {expected[pos].item()!r}, but it is {got[pos].item()!r}"
+    if isinstance(expected, dict) and set(got) != set(expected):  # the same keys, in any order
+        return f"{where} should have the keys {list(expected)}, but it has {list(got)}"
+    if isinstance(expected, list | tuple) and len(got) != len(expected):
+        return f"{where} should have {len(expected)} elements, but it has {len(got)}"
+    if isinstance(expected, dict | list | tuple):
+        keys = expected if isinstance(expected, dict) else range(len(expected))
+        return next(filter(None, (first_difference(expected[k], got[k], f"{where}[{k!r}]") for k in keys)), None)
+    return f"{where} should be {expected!r}, but it is {got!r}" if got != expected else None
+
+
+def _type_name(obj: Any) -> str:
+    """``obj``'s type with an article: "a list", "an int", "a torch.Tensor"."""
+    t = type(obj)
+    name = t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
+
+
+def _short(obj: Any) -> str:
+    """``obj``'s type and repr, cut to fit on a line."""
+    text = repr(obj)
+    return f"{_type_name(obj)}: {text if len(text) < 80 else text[:77] + '...'}"
+
+
+# --- an exercise cell not filled in yet, and an imported reference answer ------------------------------
 
 
 class YourTurn(Exception):
-    """Raised by an exercise cell not written yet. IPython shows it as one line (``_render_traceback_``); cells
-    that raise it are tagged ``raises-exception`` so Run All goes on.
+    """Raised by an exercise cell not written yet, shown by IPython as one line (cells tagged ``raises-exception``).
 
     >>> YourTurn()._render_traceback_()
     ['YourTurn: your turn: write the code marked YOUR CODE HERE, then run this cell again']
@@ -159,49 +165,38 @@ class YourTurn(Exception):
         return [f"YourTurn: {self.MESSAGE}{where}"]
 
 
-# --- refusing an imported reference answer ----------------------------------------------------------
-
 REFERENCE_MODULES = ("reference_answers", "minidl_course.solutions")  # tests/reference_answers/; the old package
 
 
 class ReferenceAnswer(AssertionError):
-    """An answer imported from the reference answers, shown as one line.
-
-    >>> ReferenceAnswer("reorder comes from reference_answers.ch05_reorder")._render_traceback_()
-    ['ReferenceAnswer: reorder comes from reference_answers.ch05_reorder']
-    """
+    """An answer imported from the reference answers, shown as one line."""
 
     def _render_traceback_(self) -> list[str]:
         return [f"ReferenceAnswer: {self}"]
 
 
-def _reference_module(answer: Any) -> str | None:
-    """The reference-answer module ``answer`` (or a base class) was defined in, if any."""
-    for obj in getattr(answer, "__mro__", (answer,)):
-        module = getattr(obj, "__module__", None)
-        if isinstance(module, str) and any(module == ref or module.startswith(ref + ".") for ref in REFERENCE_MODULES):
-            return module
-    return None
-
-
 def refuse_reference(*answers: Any) -> None:
-    """Raise ReferenceAnswer when an answer was defined in the reference answers. An answer typed into a cell is
-    judged on what it does."""
+    """Raise ReferenceAnswer when an answer (or a base class) was defined in the reference answers. An answer typed
+    into a cell is judged on what it does."""
     for answer in answers:
-        module = _reference_module(answer)
-        if module is not None:
-            name = getattr(answer, "__qualname__", None) or type(answer).__name__
-            raise ReferenceAnswer(f"{name} is the reference answer, imported from {module}: the checker judges "
-                                  "your own code, so write it in the cell above (the solution notebook explains one)")
+        for obj in getattr(answer, "__mro__", (answer,)):
+            module = getattr(obj, "__module__", None)
+            if isinstance(module, str) and any(module == r or module.startswith(r + ".") for r in REFERENCE_MODULES):
+                name = getattr(answer, "__qualname__", None) or type(answer).__name__
+                raise ReferenceAnswer(f"{name} is the reference answer, imported from {module}: the checker judges "
+                                      "your own code, so write it in the cell above (the solution notebook explains "
+                                      "one)")
 
 
 # --- catching an answer that delegates to the library --------------------------------------------
 
 
-def codes_of(*targets: Any) -> list[CodeType]:
-    """The code objects of functions, and of every method a class defines itself."""
-    fns = [getattr(v, "__func__", v) for t in targets for v in (vars(t).values() if isinstance(t, type) else [t])]
-    return [fn.__code__ for fn in fns if hasattr(fn, "__code__")]
+def watch(library: Library) -> dict[CodeType, str]:
+    """``{label: (functions or classes)}`` as the ``{code: label}`` a Tripwire watches: every method a class
+    defines itself."""
+    fns = {getattr(v, "__func__", v): label for label, targets in library.items() for t in targets
+           for v in (vars(t).values() if isinstance(t, type) else [t])}
+    return {fn.__code__: label for fn, label in fns.items() if hasattr(fn, "__code__")}
 
 
 class Tripwire:
@@ -218,60 +213,29 @@ class Tripwire:
     """
 
     def __init__(self, watched: dict[CodeType, str]) -> None:
-        self.watched = watched
-        self.hits: list[str] = []
-        self.active = False
+        self.watched, self.hits, self.active = watched, [], False
 
     def _profile(self, frame, event: str, arg: Any) -> None:
         if not self.active:  # a thread still running after __exit__
             sys.setprofile(self._saved[1])
-            return
-        if event == "call":
+        elif event == "call":
             name = self.watched.get(frame.f_code)
             if name is not None and name not in self.hits:
                 self.hits.append(name)
 
+    @staticmethod
+    def _every_thread(profile: Any) -> None:
+        # Python 3.12+ reaches running threads and those started from now on; 3.11 only those started from now on
+        getattr(threading, "setprofile_all_threads", threading.setprofile)(profile)
+
     def __enter__(self) -> Tripwire:
         self._saved = sys.getprofile(), threading.getprofile()
         self.active = True
-        every_thread = getattr(threading, "setprofile_all_threads", None)  # Python 3.12+
-        if every_thread is not None:
-            every_thread(self._profile)  # running threads, and those started from now on
-        else:
-            threading.setprofile(self._profile)  # 3.11: only threads started from now on
+        self._every_thread(self._profile)
         sys.setprofile(self._profile)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.active = False
-        every_thread = getattr(threading, "setprofile_all_threads", None)
-        if every_thread is not None:
-            every_thread(self._saved[1])
-        else:
-            threading.setprofile(self._saved[1])
+        self._every_thread(self._saved[1])
         sys.setprofile(self._saved[0])
-
-
-def watch(label_targets: dict[str, tuple[Any, ...]]) -> dict[CodeType, str]:
-    """``{label: (functions or classes)}`` as the ``{code: label}`` a Tripwire watches."""
-    return {code: label for label, targets in label_targets.items() for code in codes_of(*targets)}
-
-
-def run_watched(wire: Tripwire, run: Callable[[], Any], on_hit: Callable[[str], None]) -> Any:
-    """``run()`` with ``wire`` active; a hit goes to ``on_hit`` first, whatever ``run`` raised."""
-    try:
-        with wire:
-            result = run()
-    except Exception:
-        if not wire.hits:
-            raise
-        result = None
-    if wire.hits:
-        on_hit(wire.hits[0])
-    return result
-
-
-def _short(obj: Any) -> str:
-    """``obj``'s type and repr, cut to fit on a line."""
-    text = repr(obj)
-    return f"{_type_name(obj)}: {text if len(text) < 80 else text[:77] + '...'}"

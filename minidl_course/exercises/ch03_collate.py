@@ -1,6 +1,6 @@
 """Checker for ch03_collate: a collate function that pads token ids and returns a mask (notebook 03).
 
-The expected batches come from torch's ``pad_sequence``; the reference answer is in the solution notebook.
+The expected batches come from torch's ``pad_sequence``.
 """
 
 from __future__ import annotations
@@ -12,36 +12,27 @@ from typing import Any
 
 import numpy as np
 
-from minidl_course.exercises._common import (
-    Tripwire,
-    _Checks,
-    _loaders,
-    _torch,
-    _type_name,
-    call,
-    first_difference,
-    refuse_reference,
-    run_watched,
-    watch,
-)
+from minidl_course.exercises._common import _Checks, _loaders, _torch, _type_name, first_difference, first_hint
 
 Sample = dict[str, Any]  # one item of make_token_samples: {"tokens": 1-d int64 array, "label": int}
+DELEGATED = ("your collate hands the padding to {0}: write it yourself (torch.zeros, then copy each sample into "
+             "its row); the library's pad functions are what you use once you know what they do.")
+DTYPE_HINTS = {"tokens": "token ids are integers: create the tensor with dtype=torch.int64 (torch.zeros makes "
+                         "float32 unless told otherwise).",
+               "mask": "the mask is boolean: dtype=torch.bool, or compare (e.g. positions < lengths).",
+               "label": "labels are integers: dtype=torch.int64."}
 
 
 def make_token_samples(n: int, seed: int = 0, max_len: int = 12, zero_tokens: bool = False) -> list[Sample]:
-    """``n`` samples ``{"tokens": 1-d int64 array of 1..max_len token ids, "label": 0 or 1}``, reproducibly.
-
-    Token ids run from 1 to 99, or from 0 with ``zero_tokens``: then 0 is a real token, not padding.
+    """``n`` samples ``{"tokens": 1..max_len token ids from 1 to 99 (from 0 with zero_tokens), "label": 0 or 1}``.
 
     >>> [(s["tokens"].tolist(), s["label"]) for s in make_token_samples(2, seed=1, max_len=4)]
     [([51, 75], 1), ([15], 1)]
     """
     rng = np.random.default_rng(seed)
-    low = 0 if zero_tokens else 1
     samples = []
     for _ in range(n):
-        length = int(rng.integers(1, max_len + 1))
-        tokens = rng.integers(low, 100, size=length, dtype=np.int64)
+        tokens = rng.integers(0 if zero_tokens else 1, 100, size=int(rng.integers(1, max_len + 1)), dtype=np.int64)
         samples.append({"tokens": tokens, "label": int(rng.integers(0, 2))})
     return samples
 
@@ -56,78 +47,57 @@ def expected_collate(batch: Sequence[Sample]) -> dict[str, Any]:
             "label": torch.tensor([s["label"] for s in batch], dtype=torch.int64)}
 
 
-DELEGATED = ("your collate hands the padding to {0}: write it yourself (torch.zeros, then copy each sample into "
-             "its row); the library's pad functions are what you use once you know what they do.")
-
-
-def _library_padding() -> dict:
-    from minidl_course import padding
-
-    return watch({"torch.nn.utils.rnn.pad_sequence": (_torch().nn.utils.rnn.pad_sequence,),
-                  "minidl_course.padding.pad_sequence": (padding.pad_sequence,),
-                  "minidl_course.padding.pad_collate": (padding.pad_collate,)})
-
-
 def _collate_cases() -> Iterator[tuple[str, list[Sample]]]:
     """(description, batch): small readable batches first, then seeded random ones."""
-    yield "two samples, 3 and 1 tokens", [{"tokens": np.array([5, 6, 7]), "label": 1},
-                                          {"tokens": np.array([8]), "label": 0}]
-    yield "one sample", [{"tokens": np.array([4, 2]), "label": 0}]
-    yield "three samples of equal length", [{"tokens": np.array([i, i + 1]), "label": i % 2} for i in (1, 3, 5)]
-    yield "a real token 0", [{"tokens": np.array([4, 0, 2]), "label": 1}, {"tokens": np.array([7]), "label": 0}]
-    yield "the longest sample last", [{"tokens": np.array([9]), "label": 0},
-                                      {"tokens": np.array([1, 2, 3, 4]), "label": 1}]
+    def batch(*rows: tuple[list[int], int]) -> list[Sample]:
+        return [{"tokens": np.array(tokens), "label": label} for tokens, label in rows]
+
+    yield "two samples, 3 and 1 tokens", batch(([5, 6, 7], 1), ([8], 0))
+    yield "one sample", batch(([4, 2], 0))
+    yield "three samples of equal length", batch(*[([i, i + 1], i % 2) for i in (1, 3, 5)])
+    yield "a real token 0", batch(([4, 0, 2], 1), ([7], 0))
+    yield "the longest sample last", batch(([9], 0), ([1, 2, 3, 4], 1))
     rng = random.Random(0)
     for seed in range(40):
-        size = rng.randint(1, 8)
-        zero_tokens = seed >= 20  # from here on, 0 is also a real token id
+        size, zero_tokens = rng.randint(1, 8), seed >= 20  # from seed 20 on, 0 is also a real token id
         yield (f"make_token_samples({size}, seed={seed}, zero_tokens={zero_tokens})",
                make_token_samples(size, seed=seed, zero_tokens=zero_tokens))
 
 
 def check_collate(collate_fn: Callable[[list[Sample]], Any]) -> None:
-    """Check ch03_collate: ``collate_fn(batch)`` against the spec on many batches, then inside loaders.
-
-    Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
-    """
-    refuse_reference(collate_fn)
+    """Check ch03_collate: ``collate_fn(batch)`` against the spec on many batches, then inside both loaders."""
     torch = _torch()
-    checks = _Checks()
+    from minidl_course import padding
+
+    library = {"torch.nn.utils.rnn.pad_sequence": (torch.nn.utils.rnn.pad_sequence,),
+               "minidl_course.padding.pad_sequence": (padding.pad_sequence,),
+               "minidl_course.padding.pad_collate": (padding.pad_collate,)}
+    checks = _Checks(collate_fn)
     for description, batch in _collate_cases():
-        _check_collate_case(collate_fn, batch, description, checks)
+        rows = ", ".join(f"{{'tokens': {s['tokens'].tolist()}, 'label': {s['label']}}}" for s in batch)
+        case = f"{description}: [{rows}]"
+        untouched = copy.deepcopy(batch)
+        got = checks.watched(library, case, "your collate called {0}", DELEGATED,
+                             collate_fn, batch, what="collate function")
+        _compare(got, expected_collate(untouched), batch, untouched, case, checks)
         checks.passed += 1
     samples = make_token_samples(10, seed=99, zero_tokens=True)
     saved_rng = torch.get_rng_state()  # every epoch of a DataLoader draws a base seed from it
     try:
         for name, loader_cls in _loaders():
-            case = f"{name}(make_token_samples(10, seed=99, zero_tokens=True), batch_size=4, collate_fn=yours)"
-            want = list(loader_cls(samples, batch_size=4, collate_fn=expected_collate))
-            got = list(loader_cls(samples, batch_size=4, collate_fn=collate_fn))
-            problem = first_difference(want, got, where="batches")
+            problem = first_difference(list(loader_cls(samples, batch_size=4, collate_fn=expected_collate)),
+                                       list(loader_cls(samples, batch_size=4, collate_fn=collate_fn)), "batches")
             if problem:
-                checks.fail(case, problem)
+                checks.fail(f"{name}(make_token_samples(10, seed=99, zero_tokens=True), batch_size=4, "
+                            "collate_fn=yours)", problem)
             checks.passed += 1
     finally:
         torch.set_rng_state(saved_rng)
     checks.done()
 
 
-def _call_collate(collate_fn, batch, case):
-    return call(collate_fn, batch, what="collate function", case=case)
-
-
-def _describe_batch(batch: Sequence[Sample]) -> str:
-    rows = ", ".join(f"{{'tokens': {s['tokens'].tolist()}, 'label': {s['label']}}}" for s in batch)
-    return f"[{rows}]"
-
-
-def _check_collate_case(collate_fn, batch: list[Sample], description: str, checks: _Checks) -> None:
+def _compare(got, expected, batch: list[Sample], untouched: list[Sample], case: str, checks: _Checks) -> None:
     torch = _torch()
-    case = f"{description}: {_describe_batch(batch)}"
-    untouched = copy.deepcopy(batch)
-    expected = expected_collate(untouched)
-    got = run_watched(Tripwire(_library_padding()), lambda: _call_collate(collate_fn, batch, case),
-                      lambda what: checks.fail(case, f"your collate called {what}", DELEGATED.format(what)))
     changed = first_difference(untouched, batch, where="batch")
     if changed:
         checks.fail(case, f"your collate changed the samples it was given: {changed}",
@@ -138,45 +108,32 @@ def _check_collate_case(collate_fn, batch: list[Sample], description: str, check
         checks.fail(case, f"the result should have the keys {sorted(expected)}, but it has {sorted(got)}")
     lengths = [len(s["tokens"]) for s in batch]
     for key in ("tokens", "mask", "label"):
-        where = f"batch[{key!r}]"
         value, want = got[key], expected[key]
-        if not isinstance(value, torch.Tensor):
-            checks.fail(case, f"{where} should be a torch.Tensor, but it is {_type_name(value)}",
-                        "turn lists and arrays into tensors: torch.tensor(...) or torch.as_tensor(...).")
-        if value.dtype != want.dtype:
-            checks.fail(case, f"{where} should have dtype {want.dtype}, but it has dtype {value.dtype}", {
-                "tokens": "token ids are integers: create the tensor with dtype=torch.int64 (torch.zeros "
-                          "makes float32 unless told otherwise).",
-                "mask": "the mask is boolean: dtype=torch.bool, or compare (e.g. positions < lengths).",
-                "label": "labels are integers: dtype=torch.int64.",
-            }[key])
-        if tuple(value.shape) != tuple(want.shape):
-            checks.fail(case, f"{where} should have shape {tuple(want.shape)}, but it has shape "
-                              f"{tuple(value.shape)}", "one label per sample." if key == "label" else
-                        f"{len(batch)} rows (one per sample) by {max(lengths)} columns (the longest sample "
-                        "in this batch, not a fixed length).")
-        problem = first_difference(want, value, where=where)
+        problem = first_difference(want, value, where=f"batch[{key!r}]")
         if problem:
-            checks.fail(case, problem, _collate_value_hint(key, value, want, batch, lengths))
+            tensor = isinstance(value, torch.Tensor)
+            checks.fail(case, problem, first_hint(
+                "", (not tensor, "turn lists and arrays into tensors: torch.tensor(...) or torch.as_tensor(...)."),
+                (tensor and value.dtype != want.dtype, DTYPE_HINTS[key]),
+                (tensor and value.shape != want.shape, "one label per sample." if key == "label" else
+                 f"{len(batch)} rows (one per sample) by {max(lengths)} columns (the longest sample in this batch, "
+                 "not a fixed length).")) or _value_hint(key, value, want, batch, lengths))
 
 
-def _collate_value_hint(key: str, value, want, batch: Sequence[Sample], lengths: list[int]) -> str:
+def _value_hint(key: str, value, want, batch: Sequence[Sample], lengths: list[int]) -> str:
     torch = _torch()
     if key == "label":
         return "label[i] is sample i's label, in batch order."
     i, j = (int(v) for v in torch.nonzero(value != want)[0])
+    if key == "mask" and j < lengths[i] and int(batch[i]["tokens"][j]) == 0:
+        return f"sample {i} has a real token 0 at position {j}: build the mask from the lengths, not from tokens != 0."
     if key == "mask":
-        zero_token = j < lengths[i] and int(batch[i]["tokens"][j]) == 0
-        if zero_token:
-            return (f"sample {i} has a real token 0 at position {j}: build the mask from the lengths, "
-                    "not from tokens != 0.")
         return f"mask[i, j] is True exactly when j < the length of sample i (here {lengths[i]})."
     left = torch.zeros_like(want)
     for r, n in enumerate(lengths):
         left[r, left.shape[1] - n :] = torch.as_tensor(batch[r]["tokens"])
-    if torch.equal(value, left):
-        return "each row starts with its sample's tokens; the padding goes on the right."
-    if j >= lengths[i]:
-        return f"row {i} has {lengths[i]} real tokens; the positions after them hold the padding id 0."
-    return f"row {i} starts with sample {i}'s tokens, in order."
-
+    return first_hint(f"row {i} starts with sample {i}'s tokens, in order.",
+                      (torch.equal(value, left), "each row starts with its sample's tokens; the padding goes on the "
+                       "right."),
+                      (j >= lengths[i], f"row {i} has {lengths[i]} real tokens; the positions after them hold the "
+                       "padding id 0."))

@@ -1,7 +1,7 @@
 """Checker for ch04_slow_sample: find, from a loader's trace, the one sample that makes an epoch slow (notebook 04).
 
-The learner's ``find_slow_sample(loader)`` gets a traced DataLoader whose dataset does not say which sample is
-slow. The checker times every sample itself, ``dataset[i]`` one by one, and compares.
+``find_slow_sample(loader)`` gets a traced DataLoader whose dataset does not say which sample is slow; the checker
+times every sample itself and compares.
 """
 
 from __future__ import annotations
@@ -14,23 +14,19 @@ from typing import Any
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
-from minidl_course.exercises._common import _Checks, _short, _torch, call, refuse_reference
+from minidl_course.exercises._common import _Checks, _short, _torch, call, first_hint
 
-SECRETS = ("slow_index", "slow_delay", "delay")  # what a dataset that knows it is slow would give away
-# ...and the instance's namespace, which holds them: `dataset.__dict__[...]`, vars(dataset) and dir(dataset)
-# all read it through __getattribute__.
-PEEKED_THROUGH = SECRETS + ("__dict__",)
-
-
+# What a dataset that knows it is slow would give away, and the instance's namespace that holds it
+# (`dataset.__dict__[...]`, vars(dataset) and dir(dataset) all read it through __getattribute__).
+PEEKED_THROUGH = ("slow_index", "slow_delay", "delay", "__dict__")
 DIRECT_CALLS: list[int] = []  # samples fetched in this process by code other than a loader's (yours, timing them)
 
 
 class SlowSampleDataset(Dataset):
     """Items ``0 .. n-1``; each takes ``delay`` seconds, except ``slow_index``, which takes ``slow_delay``.
 
-    Reading ``slow_index`` (or the delays, or the instance ``__dict__`` that holds them) from outside is noted
-    in ``peeks``: a real dataset doesn't know which of its samples is slow, so an answer must come from
-    measuring. A tripwire for an honest shortcut, not a sandbox: ``object.__getattribute__`` or ``gc`` get past it.
+    Reading what makes it slow from outside is noted in ``peeks``: an answer must come from measuring. A tripwire
+    for an honest shortcut, not a sandbox: ``object.__getattribute__`` or ``gc`` get past it.
     """
 
     def __init__(self, n: int, slow_index: int, delay: float = 0.002, slow_delay: float = 0.08) -> None:
@@ -43,8 +39,7 @@ class SlowSampleDataset(Dataset):
         return object.__getattribute__(self, name)
 
     def __reduce__(self) -> tuple:
-        # How a worker gets its copy (pickled under spawn): from the constructor's arguments, read as the
-        # dataset's own, so sending it to a worker is not a peek.
+        # A worker's copy (pickled under spawn) is made from the constructor's arguments: sending it is not a peek.
         get = object.__getattribute__
         return type(self), (get(self, "n"), get(self, "slow_index"), get(self, "delay"), get(self, "slow_delay"))
 
@@ -74,30 +69,16 @@ def slow_loader(n: int = 48, slow_index: int = 29, batch_size: int = 4, num_work
 CASES = ((24, 17, 4, 0, False), (32, 5, 4, 2, False), (32, 22, 3, 2, True), (20, 0, 5, 1, True))
 
 
-def measure(dataset: SlowSampleDataset) -> list[float]:
-    """Seconds each ``dataset[i]`` takes, timed one at a time in this process: the checker's own measurement."""
-    times = []
-    for i in range(len(dataset)):
-        start = time.perf_counter()
-        dataset[i]
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
-    """Check ch04_slow_sample: ``find_slow_sample(loader)`` names the slow sample of each of a few traced loaders.
-
-    Each loader has its own slow sample; the checker times every sample itself and says what it measured.
-    Raises AssertionError explaining the first mismatch; prints what it measured and ``All N checks passed``.
-    """
-    refuse_reference(find_slow_sample)
-    checks = _Checks()
+    """Check ch04_slow_sample: ``find_slow_sample(loader)`` names the slow sample of each of a few traced loaders,
+    each with its own; the checker times every sample itself, one at a time, and says what it measured."""
+    checks = _Checks(find_slow_sample)
     report = []
     for n, slow, batch_size, workers, shuffle in CASES:
         loader = slow_loader(n, slow, batch_size, workers, shuffle, seed=n)
-        dataset = loader.dataset
         case = (f"a traced DataLoader over {n} samples, batch_size={batch_size}, num_workers={workers}, "
                 f"shuffle={shuffle}")
+
         def empty_trace(e: Exception, case: str = case, loader: DataLoader = loader) -> None:
             if isinstance(e, ValueError) and ("trace is empty" in str(e) or not loader.trace.rows()):
                 checks.fail(case, f"your function raised ValueError: {e}, with the trace still empty",
@@ -110,22 +91,25 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
             checks.fail(case, f"your function fetched {len(DIRECT_CALLS)} samples itself (dataset[i]), outside the "
                               "loader", "timing each sample yourself is a second epoch, one sample at a time; the "
                         "loader's trace has already timed every getitem in the epoch it ran: read it there.")
-        if dataset.peeks:
-            checks.fail(case, f"your function read the dataset's {dataset.peeks[0]!r}",
+        if loader.dataset.peeks:
+            checks.fail(case, f"your function read the dataset's {loader.dataset.peeks[0]!r}",
                         "a dataset doesn't know which sample is slow; the loader's trace does: find it there, by "
                         "measuring, as you would on your own data.")
-        times = measure(dataset)
+        times = []  # the checker's own measurement: each dataset[i] timed in this process, one at a time
+        for i in range(n):
+            start = time.perf_counter()
+            loader.dataset[i]
+            times.append(time.perf_counter() - start)
         slowest = max(range(n), key=times.__getitem__)
-        typical = statistics.median(times)
-        measured = (f"I timed each of the {n} samples myself: sample {slowest} took {times[slowest] * 1e3:.0f} ms, "
-                    f"the median {typical * 1e3:.1f} ms")
+        took_ms, median_ms = f"{times[slowest] * 1e3:.0f} ms", f"{statistics.median(times) * 1e3:.1f} ms"
         if type(answer) is not int:
             checks.fail(case, f"your function returned {_short(answer)}",
                         "return the sample's index as a plain int, e.g. int(row['index']).")
         if answer != slowest:
-            checks.fail(case, f"your function said sample {answer}, but {measured}",
+            checks.fail(case, f"your function said sample {answer}, but I timed each of the {n} samples myself: "
+                        f"sample {slowest} took {took_ms}, the median {median_ms}",
                         _wrong_answer_hint(loader, answer, slowest, batch_size, shuffle))
-        report.append(f"  {case}: sample {slowest}, {times[slowest] * 1e3:.0f} ms (median {typical * 1e3:.1f} ms)")
+        report.append(f"  {case}: sample {slowest}, {took_ms} (median {median_ms})")
         checks.passed += 1
     print("What I measured, timing every sample myself; your function named the slow one each time:")
     print("\n".join(report))
@@ -133,28 +117,23 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
 
 
 def _wrong_answer_hint(loader: DataLoader, answer, slowest: int, batch_size: int, shuffle: bool) -> str:
-    rows = loader.trace.rows() if loader.trace is not None else []
-    getitems = [r for r in rows if r["event"] == "getitem"]
+    getitems = [r for r in (loader.trace.rows() if loader.trace is not None else []) if r["event"] == "getitem"]
     slow_row = next((r for r in getitems if r.get("index") == slowest), None)
-    if slow_row is not None and answer == slow_row["batch"]:
-        return (f"{answer} is the number of the batch that held the slow sample; each getitem row carries the "
-                "sample's own index in row['index'].")
-    fastest = getitems and answer == min(getitems, key=lambda r: r["end"] - r["start"]).get("index")
+    fastest = bool(getitems) and answer == min(getitems, key=lambda r: r["end"] - r["start"]).get("index")
     fastest_hint = "that is the fastest sample: take the getitem row with the longest end - start (max, not min)."
-    if getitems and answer == max(getitems, key=lambda r: r["start"]).get("index"):
-        started_last = ("that sample started last, it wasn't the slowest: a row's duration is row['end'] - "
-                        "row['start']; take the getitem row with the longest one.")
-        return f"{fastest_hint} Or: {started_last}" if fastest else started_last  # the last one can be the fastest
-    if slow_row is not None and shuffle:
-        same_batch = [r for r in getitems if r["batch"] == slow_row["batch"]]
-        position = slow_row["batch"] * batch_size + same_batch.index(slow_row)
-        if answer == position:
-            return ("this loader shuffles: a sample's place in the epoch is not its index. Read the index the getitem "
-                    "row carries, row['index'].")
+    started_last = ("that sample started last, it wasn't the slowest: a row's duration is row['end'] - row['start']; "
+                    "take the getitem row with the longest one.")
+    same_batch = [r for r in getitems if slow_row is not None and r["batch"] == slow_row["batch"]]
     near = [hint for applies, hint in (
         (answer in (slowest - 1, slowest + 1), "off by one: return row['index'] as the trace has it (0-based)."),
         (fastest, fastest_hint)) if applies]
-    if near:
-        return " Or: ".join(near)
-    return ("look at the getitem rows of loader.trace.rows(): the one with the longest end - start is the slow "
-            "sample, and row['index'] is its index.")
+    return first_hint(
+        " Or: ".join(near) or "look at the getitem rows of loader.trace.rows(): the one with the longest end - start "
+        "is the slow sample, and row['index'] is its index.",
+        (slow_row is not None and answer == slow_row["batch"], f"{answer} is the number of the batch that held the "
+         "slow sample; each getitem row carries the sample's own index in row['index']."),
+        (getitems and answer == max(getitems, key=lambda r: r["start"]).get("index"),  # the last can be the fastest
+         f"{fastest_hint} Or: {started_last}" if fastest else started_last),
+        (shuffle and slow_row is not None and answer == slow_row["batch"] * batch_size + same_batch.index(slow_row),
+         "this loader shuffles: a sample's place in the epoch is not its index. Read the index the getitem row "
+         "carries, row['index']."))

@@ -6,26 +6,14 @@ workers of two epochs would, then in minidl's and torch's DataLoaders, and looks
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from minidl.dataset import Dataset
-from minidl_course.exercises._common import (
-    Tripwire,
-    _Checks,
-    _loaders,
-    _torch,
-    call,
-    first_hint,
-    refuse_reference,
-    run_watched,
-    watch,
-    yours,
-)
-from minidl_course.exercises.ch06_sharding import SeenInfo, as_worker, none_info
+from minidl_course.exercises._common import _Checks, _loaders, _torch, first_hint
+from minidl_course.exercises.ch06_sharding import SeenInfo, as_worker, in_loader, none_info
 
 
 class AugmentedDataset(Dataset):
@@ -51,64 +39,44 @@ class AugmentedDataset(Dataset):
         return index, float(self.rng.random())
 
 
-class _NoRng:
-    """What a check hands out as ``info.rng``: reading it is noted, as it is the loader's own fix."""
-
-
 SEED_NUMPY = ("toy.seed_numpy_from_worker reseeds NumPy's global stream: the library's fix for a dataset that "
               "draws from it. ")
 DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: derive a seed from info.seed and "
              "give the dataset a generator of its own; that is what this exercise practises.")
 
 
-def _library_seeding() -> dict:
-    from minidl_course import toy
-
-    return watch({"called toy.seed_numpy_from_worker": (toy.seed_numpy_from_worker,)})
-
-
 def _draws(dataset: Any, k: int = 4) -> list[float]:
     rng = dataset.rng
-    if isinstance(rng, np.random.Generator):
-        return [float(x) for x in rng.random(k)]
-    if isinstance(rng, np.random.RandomState):
-        return [float(x) for x in rng.random_sample(k)]
+    if isinstance(rng, np.random.Generator | np.random.RandomState):
+        return [float(x) for x in (rng.random(k) if isinstance(rng, np.random.Generator) else rng.random_sample(k))]
     return [float(dataset[0][1]) for _ in range(k)]
 
 
 def _as_worker_of(worker_init_fn, worker_id: int, num_workers: int, seed: int, case: str,
-                  checks: _Checks) -> tuple[AugmentedDataset, SeenInfo, bool]:
-    """Call ``worker_init_fn`` as worker ``worker_id`` whose seed is ``seed``; return its dataset and what it read."""
+                  checks: _Checks) -> tuple[list[float], SeenInfo, bool]:
+    """Call ``worker_init_fn`` as worker ``worker_id`` whose seed is ``seed``; return its dataset's draws, what it
+    read, and whether it moved NumPy's global stream."""
+    from minidl_course import toy
+
     dataset = AugmentedDataset(8)
     info = SeenInfo(worker_id, num_workers, seed, dataset)
-    info._fields["rng"] = _NoRng()
-
-    def run() -> bool:  # as the worker, seeded as it is: did worker_init_fn move NumPy's global stream?
-        with as_worker(info):
-            seeded = np.random.get_state()
-            call(worker_init_fn, worker_id, what="worker_init_fn", case=case, explain=none_info(checks, case))
-            return not _same_state(seeded, np.random.get_state())
-
-    touched_global = run_watched(
-        Tripwire(_library_seeding()), run,
-        lambda what: checks.fail(case, f"your worker_init_fn {what}", SEED_NUMPY + DELEGATED.format(
-            "leans on it instead of reseeding the dataset's own generator")))
+    info._fields["rng"] = object()  # reading info.rng is noted: it is the loader's own fix
+    with as_worker(info):
+        seeded = np.random.get_state()
+        checks.watched({"called toy.seed_numpy_from_worker": (toy.seed_numpy_from_worker,)}, case,
+                       "your worker_init_fn {0}", SEED_NUMPY + DELEGATED.format("leans on it instead of reseeding "
+                       "the dataset's own generator"), worker_init_fn, worker_id, what="worker_init_fn",
+                       explain=none_info(checks, case))
+        after = np.random.get_state()
+    touched_global = not (seeded[0] == after[0] and np.array_equal(seeded[1], after[1]) and seeded[2:] == after[2:])
     if "rng" in info.read:
         checks.fail(case, "your worker_init_fn read get_worker_info().rng", DELEGATED.format("used info.rng"))
-    return dataset, info, touched_global
-
-
-def _same_state(a, b) -> bool:
-    return a[0] == b[0] and np.array_equal(a[1], b[1]) and a[2:] == b[2:]
+    return _draws(dataset), info, touched_global
 
 
 def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
-    """Check ch06_seeding: after ``worker_init_fn``, workers draw different numbers, new ones each epoch, reproducibly.
-
-    Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
-    """
-    refuse_reference(worker_init_fn)
-    checks = _Checks()
+    """Check ch06_seeding: after ``worker_init_fn`` workers draw different numbers, new each epoch, reproducibly."""
+    checks = _Checks(worker_init_fn)
     untouched = _draws(AugmentedDataset(8))  # what every worker draws without a fix
     for base_seed, num_workers in ((1234, 2), (98765, 3), (2**40 + 7, 2)):
         case = f"AugmentedDataset(8) in {num_workers} workers whose base seed is {base_seed}"
@@ -116,8 +84,7 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
         for worker_id in range(num_workers):
             seed = base_seed + worker_id  # what the loader gives worker k, as torch does
             where = f"{case}, worker {worker_id} (info.seed={seed})"
-            dataset, info, touched_global = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)
-            got = _draws(dataset)
+            got, info, touched_global = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)
             if got == untouched:
                 checks.fail(where, f"the dataset still draws {got[:2]}..., as it did before your worker_init_fn: "
                                    "every worker would draw these same numbers", first_hint(
@@ -127,52 +94,43 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
                      "generator, dataset.rng: reseed that one, get_worker_info().dataset.rng."),
                     ("dataset" not in info.read, "reseed the worker's own copy, get_worker_info().dataset: a dataset "
                      "from the notebook is not the one the worker draws from.")))
-            again, _, _ = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)
-            if _draws(again) != got:
+            again = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)[0]
+            if again != got:
                 checks.fail(where, f"called twice with the same info.seed, your worker_init_fn gave draws {got[:2]}... "
-                                   f"and then {_draws(again)[:2]}...",
+                                   f"and then {again[:2]}...",
                             "seed from info.seed, not from the clock or the OS: then a run can be repeated exactly.")
             draws.append(got)
             checks.passed += 1
-        for k in range(1, num_workers):
-            if draws[k] == draws[0]:
-                checks.fail(case, f"workers 0 and {k} draw the same numbers: {draws[0][:2]}...",
-                            "make the seed depend on the worker: info.seed already differs from worker to worker.")
-    next_epoch, _, _ = _as_worker_of(worker_init_fn, 0, 2, 555, "worker 0 of another epoch (info.seed=555)", checks)
-    first_epoch, _, _ = _as_worker_of(worker_init_fn, 0, 2, 1234, "worker 0 (info.seed=1234)", checks)
-    if _draws(next_epoch) == _draws(first_epoch):
-        checks.fail("worker 0 in two epochs (info.seed 1234, then 555)",
-                    f"worker 0 draws {_draws(first_epoch)[:2]}... in both",
+        for k in (k for k in range(1, num_workers) if draws[k] == draws[0]):
+            checks.fail(case, f"workers 0 and {k} draw the same numbers: {draws[0][:2]}...",
+                        "make the seed depend on the worker: info.seed already differs from worker to worker.")
+    next_epoch = _as_worker_of(worker_init_fn, 0, 2, 555, "worker 0 of another epoch (info.seed=555)", checks)[0]
+    first_epoch = _as_worker_of(worker_init_fn, 0, 2, 1234, "worker 0 (info.seed=1234)", checks)[0]
+    if next_epoch == first_epoch:
+        checks.fail("worker 0 in two epochs (info.seed 1234, then 555)", f"worker 0 draws {first_epoch[:2]}... in both",
                     "each epoch's workers get a new info.seed; derive the generator's seed from it, not from "
                     "worker_id alone, or every epoch repeats the same augmentations.")
     checks.passed += 1
     for name, loader_cls in _loaders():
-        _check_in_loader(worker_init_fn, name, loader_cls, checks)
+        case = f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=yours)"
+        with in_loader(case, checks):
+            first, second = _epoch_draws(loader_cls, worker_init_fn, seed=7)
+            again = _epoch_draws(loader_cls, worker_init_fn, seed=7)
+        repeated = [x for x in set(first) if first.count(x) > 1]
+        if repeated:
+            checks.fail(case, f"the draw {repeated[0]:.6f} came {first.count(repeated[0])} times in one epoch",
+                        "each worker needs a generator of its own, seeded from get_worker_info().seed.")
+        if set(first) & set(second):
+            checks.fail(case, "the second epoch repeated draws of the first",
+                        "derive the seed from info.seed, which changes every epoch.")
+        if [first, second] != again:
+            checks.fail(case, "two runs with generator=torch.Generator().manual_seed(7) drew different numbers",
+                        "seed from info.seed only, so that the loader's generator decides everything.")
         checks.passed += 1
     checks.done()
 
 
 def _epoch_draws(loader_cls, worker_init_fn, seed: int, epochs: int = 2) -> list[list[float]]:
-    torch = _torch()
     loader = loader_cls(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=worker_init_fn,
-                        generator=torch.Generator().manual_seed(seed))
+                        generator=_torch().Generator().manual_seed(seed))
     return [[float(x) for _, draws in loader for x in draws] for _ in range(epochs)]
-
-
-def _check_in_loader(worker_init_fn, name: str, loader_cls, checks: _Checks) -> None:
-    case = f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=yours)"
-    with yours("worker_init_fn, in the loader", case, none_info(checks, case)), warnings.catch_warnings():
-        # 3 workers on a 2-core machine: the loaders warn, and the check knows
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-        first, second = _epoch_draws(loader_cls, worker_init_fn, seed=7)
-        again = _epoch_draws(loader_cls, worker_init_fn, seed=7)
-    repeated = [x for x in set(first) if first.count(x) > 1]
-    if repeated:
-        checks.fail(case, f"the draw {repeated[0]:.6f} came {first.count(repeated[0])} times in one epoch",
-                    "each worker needs a generator of its own, seeded from get_worker_info().seed.")
-    if set(first) & set(second):
-        checks.fail(case, "the second epoch repeated draws of the first",
-                    "derive the seed from info.seed, which changes every epoch.")
-    if [first, second] != again:
-        checks.fail(case, "two runs with generator=torch.Generator().manual_seed(7) drew different numbers",
-                    "seed from info.seed only, so that the loader's generator decides everything.")

@@ -1,8 +1,7 @@
 """Checker for ch06_sharding: a ``worker_init_fn`` that gives each worker its own part of a stream (notebook 06).
 
-An IterableDataset is copied into every worker, and each copy streams everything: N workers, N copies of each
-sample. The learner's ``worker_init_fn`` narrows each copy's ``start``/``end``. The checker calls it as a worker
-would, then runs it in minidl's and torch's DataLoaders with 1 to 3 workers: every sample must come exactly once.
+Each worker streams its own copy of an IterableDataset; the learner's ``worker_init_fn`` narrows each copy's
+``start``/``end``. Called as a worker would, then in both DataLoaders, every sample must come exactly once.
 """
 
 from __future__ import annotations
@@ -17,17 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from minidl_course.exercises._common import (
-    Tripwire,
-    _Checks,
-    _loaders,
-    call,
-    defined_in_cell,
-    refuse_reference,
-    run_watched,
-    watch,
-    yours,
-)
+from minidl_course.exercises._common import _Checks, _loaders, yours
 
 
 def range_stream(start: int, end: int):
@@ -56,34 +45,29 @@ class SeenInfo:
 @contextmanager
 def as_worker(info: Any) -> Iterator[None]:
     """Be worker ``info.id`` here for a while, as far as a ``worker_init_fn`` can tell: ``get_worker_info()``
-    returns ``info``, and ``random``, NumPy's global stream and torch are seeded as a worker process seeds them
-    (from the base seed ``info.seed - info.id``, as torch does). All of it is put back after."""
+    returns ``info``, and the RNGs are seeded as torch seeds a worker's. All of it is put back after."""
     import torch
     import torch.utils.data._utils.worker as torch_worker
 
     from minidl.worker import _seed_worker
 
-    saved = (torch_worker._worker_info, random.getstate(), np.random.get_state(), torch.get_rng_state(),
-             torch.get_num_threads())
-    torch_worker._worker_info = info
+    saved = torch_worker._worker_info, random.getstate(), np.random.get_state(), torch.get_rng_state()
+    threads, torch_worker._worker_info = torch.get_num_threads(), info
     try:
-        _seed_worker(info.seed - info.id, info.id, "multiprocessing")
+        _seed_worker(info.seed - info.id, info.id, "multiprocessing")  # from the base seed, as torch does
         yield
     finally:
         torch_worker._worker_info = saved[0]
         random.setstate(saved[1])
         np.random.set_state(saved[2])
         torch.set_rng_state(saved[3])
-        torch.set_num_threads(saved[4])
+        torch.set_num_threads(threads)
 
 
 def call_as_worker(worker_init_fn: Callable[[int], None], dataset: Any, worker_id: int = 0, num_workers: int = 1,
                    seed: int = 0) -> Any:
-    """Call ``worker_init_fn(worker_id)`` here, as worker ``worker_id`` of ``num_workers`` would; return ``dataset``.
-
-    ``torch.utils.data.get_worker_info()`` returns the worker's info meanwhile, with ``dataset`` as its copy, and
-    ``random``, NumPy and torch are seeded from ``seed`` as in that worker (``as_worker``).
-    """
+    """Call ``worker_init_fn(worker_id)`` here, as worker ``worker_id`` of ``num_workers`` would, ``dataset`` as its
+    copy (``as_worker``); return ``dataset``."""
     with as_worker(SeenInfo(worker_id, num_workers, seed, dataset)):
         worker_init_fn(worker_id)
     return dataset
@@ -91,12 +75,9 @@ def call_as_worker(worker_init_fn: Callable[[int], None], dataset: Any, worker_i
 
 def _sharding_cases() -> Iterator[tuple[int, int, int]]:
     """(start, end, num_workers): small readable ones, then seeded random ones."""
-    yield 0, 10, 1
-    yield 0, 10, 2
-    yield 0, 10, 3  # 10 items, 3 workers: shards of 4, 4 and 2 (the spec's; 3, 3, 4 is refused)
-    yield 5, 12, 3  # not starting at 0
-    yield 0, 2, 3  # more workers than items: one worker gets nothing
-    yield 4, 4, 2  # an empty stream
+    # 10 items on 3 workers: shards of 4, 4 and 2 (the spec's; 3, 3, 4 is refused); one not starting at 0; more
+    # workers than items (one gets nothing); an empty stream
+    yield from ((0, 10, 1), (0, 10, 2), (0, 10, 3), (5, 12, 3), (0, 2, 3), (4, 4, 2))
     rng = random.Random(0)
     for _ in range(20):
         start = rng.randint(0, 20)
@@ -117,64 +98,66 @@ def none_info(checks: _Checks, case: str) -> Callable[[Exception], None]:
     return explain
 
 
-def _library_sharding() -> dict:
-    from minidl_course import toy
-
-    targets = {"ran minidl's self-sharding toy.ShardedRange": (toy.ShardedRange,)}
-    try:
-        from torch.utils.data import graph_settings
-
-        targets["called torch's apply_sharding"] = (graph_settings.apply_sharding,)
-    except ImportError:  # pragma: no cover -- older torch
-        pass
-    return watch(targets)
-
-
-def _self_sharding() -> type:
-    from minidl_course import toy
-
-    return toy.ShardedRange
+@contextmanager
+def in_loader(case: str, checks: _Checks) -> Iterator[None]:
+    """Run loaders that call the learner's worker_init_fn: an error is noted as its own."""
+    with yours("worker_init_fn, in the loader", case, none_info(checks, case)), warnings.catch_warnings():
+        # 3 workers on a 2-core machine: the loaders warn, and the check knows
+        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
+        yield
 
 
 def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
-    """Check ch06_sharding: ``worker_init_fn(worker_id)`` shards a ``RangeStream`` so each sample comes once.
+    """Check ch06_sharding: ``worker_init_fn(worker_id)`` shards a ``RangeStream`` so each sample comes once."""
+    from minidl_course import toy
 
-    Raises AssertionError explaining the first mismatch; prints ``All N checks passed``.
-    """
-    refuse_reference(worker_init_fn)
-    checks = _Checks()
+    checks = _Checks(worker_init_fn)
+    library = {"ran minidl's self-sharding toy.ShardedRange": (toy.ShardedRange,)}
+    try:
+        from torch.utils.data import graph_settings
+
+        library["called torch's apply_sharding"] = (graph_settings.apply_sharding,)
+    except ImportError:  # pragma: no cover -- older torch
+        pass
     for start, end, num_workers in _sharding_cases():
-        _check_shards(worker_init_fn, start, end, num_workers, checks)
+        _check_shards(worker_init_fn, start, end, num_workers, library, checks)
         checks.passed += 1
-    if defined_in_cell(worker_init_fn) and multiprocessing.get_start_method() != "fork":
-        checks.fail(f"{worker_init_fn.__name__!r}, defined in this notebook",
-                    f"workers started with {multiprocessing.get_start_method()} can't import a function defined "
-                    "in a notebook cell",
-                    "write it into a module file and import it from there (exercise ch05_worker_loop shows how).")
+    method = multiprocessing.get_start_method()
+    if method != "fork":
+        checks.refuse_cell_function(worker_init_fn, f"workers started with {method} can't import a function defined "
+                                    "in a notebook cell", "write it into a module file and import it from there "
+                                    "(exercise ch05_worker_loop shows how).")
     for name, loader_cls in _loaders():
         for num_workers in (1, 2, 3):
-            _check_in_loader(worker_init_fn, name, loader_cls, num_workers, checks)
+            case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
+            with in_loader(case, checks):
+                loader = loader_cls(range_stream(3, 20), batch_size=2, num_workers=num_workers,
+                                    worker_init_fn=worker_init_fn)
+                got = [int(x) for batch in loader for x in batch]
+            counts = Counter(got)
+            twice = sorted(i for i, c in counts.items() if c > 1)
+            missing = [i for i in range(3, 20) if i not in counts]
+            if twice or missing or len(got) != 17:
+                first = (twice or missing)[0]
+                what = f"came {counts[first]} times" if twice else "never came"
+                checks.fail(case, f"sample {first} {what} (all: {sorted(got)})",
+                            "each of 3 .. 19 must come exactly once.")
             checks.passed += 1
     checks.done()
 
 
-def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, checks: _Checks) -> None:
+def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, library, checks: _Checks) -> None:
+    from minidl_course import toy
     from minidl_course.exercises.ch06_streams import RangeStream
 
-    case = f"RangeStream({start}, {end}) with num_workers={num_workers}"
-    shards = []
+    case, shards = f"RangeStream({start}, {end}) with num_workers={num_workers}", []
     for worker_id in range(num_workers):
         dataset = RangeStream(start, end)  # each worker has its own copy
-        info = SeenInfo(worker_id, num_workers, seed=1000 + worker_id, dataset=dataset)
-        where = f"{case}, worker {worker_id}"
-
-        def run(worker_id=worker_id, info=info, where=where):
-            with as_worker(info):
-                call(worker_init_fn, worker_id, what="worker_init_fn", case=where, explain=none_info(checks, where))
-
-        run_watched(Tripwire(_library_sharding()), run,
-                    lambda what, where=where: checks.fail(where, f"your worker_init_fn {what}", DELEGATED.format(what)))
-        if isinstance(dataset, _self_sharding()):
+        info, where = SeenInfo(worker_id, num_workers, 1000 + worker_id, dataset), f"{case}, worker {worker_id}"
+        with as_worker(info):
+            checks.watched(library, where, "your worker_init_fn {0}", DELEGATED, worker_init_fn, worker_id,
+                           what="worker_init_fn", explain=none_info(checks, where))
+        if isinstance(dataset, toy.ShardedRange):
             checks.fail(where, "your worker_init_fn turned the dataset into minidl's toy.ShardedRange",
                         DELEGATED.format("swapped in minidl's own self-sharding dataset"))
         if type(dataset) is not RangeStream or "__iter__" in vars(dataset):
@@ -188,10 +171,6 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, checks
                         "each worker has its own copy of the dataset, get_worker_info().dataset: change that one; "
                         "changing a dataset from the notebook does nothing to the copies the workers stream.")
         shards.append((worker_id, dataset.start, dataset.end))
-    _compare_shards(shards, start, end, num_workers, case, checks)
-
-
-def _compare_shards(shards, start: int, end: int, num_workers: int, case: str, checks: _Checks) -> None:
     counts = Counter(i for _, lo, hi in shards for i in range(lo, hi))
     described = ", ".join(f"worker {w}: [{lo}, {hi})" for w, lo, hi in shards)
     outside = sorted(i for i in counts if not start <= i < end)
@@ -223,19 +202,3 @@ def _compare_shards(shards, start: int, end: int, num_workers: int, case: str, c
                               f"[{want[0]}, {want[1]})",
                         f"the spec's split: contiguous parts of ceil({end - start} / {num_workers}) = {per} samples in "
                         "worker order, the last one shorter (or empty).")
-
-
-def _check_in_loader(worker_init_fn, name: str, loader_cls, num_workers: int, checks: _Checks) -> None:
-    stream = range_stream(3, 20)
-    case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
-    with yours("worker_init_fn, in the loader", case, none_info(checks, case)), warnings.catch_warnings():
-        # 3 workers on a 2-core machine: the loaders warn, and the check knows
-        warnings.filterwarnings("ignore", message="This DataLoader will create", category=UserWarning)
-        got = [int(x) for batch in loader_cls(stream, batch_size=2, num_workers=num_workers,
-                                              worker_init_fn=worker_init_fn) for x in batch]
-    counts = Counter(got)
-    twice = sorted(i for i, c in counts.items() if c > 1)
-    missing = [i for i in range(3, 20) if i not in counts]
-    if twice or missing or len(got) != 17:
-        what = f"sample {twice[0]} came {counts[twice[0]]} times" if twice else f"sample {missing[0]} never came"
-        checks.fail(case, f"{what} (all: {sorted(got)})", "each of 3 .. 19 must come exactly once.")

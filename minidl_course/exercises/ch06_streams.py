@@ -1,7 +1,5 @@
-"""The stream datasets of the ch06 exercises, as torch ``IterableDataset``s so that torch's DataLoader takes them too.
-
-Imported only when a ch06 check or helper runs: ``import minidl_course.exercises`` needs NumPy alone.
-"""
+"""The stream dataset of the ch06 exercises, a torch ``IterableDataset`` so that torch's DataLoader takes it too;
+imported only when a ch06 check or helper runs (``import minidl_course.exercises`` needs NumPy alone)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Checker for ch08_prefetcher: a generator that stays one batch ahead and normalises images (notebook 08).
 
-The expected batches come from the spec's formula, computed in float64; the reference answer is in the
-solution notebook, and a prefetcher that only wraps ``minidl.prefetch.PrefetchLoader`` is refused.
+The expected batches come from the spec's formula, computed in float64.
 """
 
 from __future__ import annotations
@@ -13,18 +12,7 @@ from typing import Any
 import numpy as np
 
 from minidl.dataloader import DataLoader
-from minidl_course.exercises._common import (
-    Tripwire,
-    _Checks,
-    _short,
-    _torch,
-    _type_name,
-    first_hint,
-    refuse_reference,
-    run_watched,
-    watch,
-    yours,
-)
+from minidl_course.exercises._common import _Checks, _short, _torch, _type_name, first_hint, yours
 
 
 def make_image_batches(n_batches: int, batch_size: int = 4, channels: int = 3, size: tuple[int, int] = (4, 4),
@@ -41,9 +29,8 @@ def make_image_batches(n_batches: int, batch_size: int = 4, channels: int = 3, s
 
 
 class RecordingLoader:
-    """A loader over ready-made batches that notes each batch it hands out in ``log`` ("fetch 0", ...).
-
-    Others may append to the same ``log`` (a consumer's "yield 0"), to see in which order things happened.
+    """A loader over ready-made batches that notes each batch it hands out in ``log`` ("fetch 0", ...), where others
+    may note theirs (a consumer's "yield 0") to show in which order things happened.
 
     >>> loader = RecordingLoader(["a", "b"])
     >>> list(loader), loader.log
@@ -51,10 +38,8 @@ class RecordingLoader:
     """
 
     def __init__(self, batches: Sequence[Any], log: list[str] | None = None) -> None:
-        self.batches = batches
-        self.log = [] if log is None else log
-        self.fetched = 0  # batches handed out so far, over all passes
-        self.passes = 0  # how many times iteration started
+        self.batches, self.log = batches, [] if log is None else log
+        self.fetched, self.passes = 0, 0  # batches handed out so far, over all passes; iter() calls
 
     def __iter__(self) -> Iterator[Any]:
         self.passes += 1
@@ -69,21 +54,15 @@ class RecordingLoader:
 
 DELEGATED = ("your prefetcher hands the work to {0}: write the hold-one-back loop yourself; that is what this "
              "exercise practises.")
-
-
-def _library_prefetchers() -> dict:
-    from minidl.prefetch import PrefetchLoader
-
-    return watch({"minidl's PrefetchLoader": (PrefetchLoader,)})
+IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 
 
 def _prefetch_cases() -> Iterator[tuple[str, list[tuple[Any, Any]], list[float], list[float]]]:
     """(description, batches, mean, std): small readable cases first, then seeded random ones."""
-    imagenet = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
-    yield "3 batches of 2 images, 3x4x4, ImageNet statistics", make_image_batches(3, 2), *imagenet
-    yield "1 batch", make_image_batches(1, 2), *imagenet
-    yield "2 batches", make_image_batches(2, 3, seed=1), *imagenet
-    yield "an empty loader (no batches)", [], *imagenet
+    yield "3 batches of 2 images, 3x4x4, ImageNet statistics", make_image_batches(3, 2), *IMAGENET
+    yield "1 batch", make_image_batches(1, 2), *IMAGENET
+    yield "2 batches", make_image_batches(2, 3, seed=1), *IMAGENET
+    yield "an empty loader (no batches)", [], *IMAGENET
     yield "5 batches of 1 grey image, 1x2x3", make_image_batches(5, 1, 1, (2, 3), seed=2), [0.5], [0.25]
     rng = random.Random(0)
     for seed in range(30):
@@ -95,48 +74,54 @@ def _prefetch_cases() -> Iterator[tuple[str, list[tuple[Any, Any]], list[float],
         yield description, make_image_batches(n, size, channels, shape, seed=seed), mean, std
 
 
-def check_prefetcher(prefetcher: Callable[..., Iterable[Any]]) -> None:
-    """Check ch08_prefetcher: ``prefetcher(loader, mean, std)`` (a generator function or a class) against the spec.
-
-    On each case it must yield every batch once, in order, normalised by the spec's formula, and fetch batch
-    k + 1 (never k + 2) before handing out batch k. Then it runs over a ``minidl.DataLoader``. Raises
-    AssertionError explaining the first mismatch; prints ``All N checks passed``.
-    """
-    refuse_reference(prefetcher)
-    checks = _Checks()
-    for description, batches, mean, std in _prefetch_cases():
-        _check_prefetch_case(prefetcher, description, batches, mean, std, checks)
-        checks.passed += 1
-    _check_prefetcher_with_dataloader(prefetcher, checks)
-    checks.done()
-
-
 def expected_outputs(batches, mean, std) -> list[tuple[Any, Any]]:
     """The spec's formula, in float64 then rounded to float32: ``(x - 255 mean[c]) / (255 std[c])`` per channel."""
     torch = _torch()
-    out = []
-    for images, targets in batches:
-        shape = (1, len(mean), 1, 1)
-        centre = torch.tensor(mean, dtype=torch.float64).view(shape) * 255
-        spread = torch.tensor(std, dtype=torch.float64).view(shape) * 255
-        out.append((((images.to(torch.float64) - centre) / spread).to(torch.float32), targets))
-    return out
+    centre = torch.tensor(mean, dtype=torch.float64).view(1, len(mean), 1, 1) * 255
+    spread = torch.tensor(std, dtype=torch.float64).view(1, len(std), 1, 1) * 255
+    return [(((images.to(torch.float64) - centre) / spread).to(torch.float32), targets) for images, targets in batches]
 
 
-def _check_prefetch_case(prefetcher, description, batches, mean, std, checks: _Checks) -> None:
-    case = f"{description}, mean={mean}, std={std}"
-    expected = expected_outputs(batches, mean, std)
-    untouched = [(x.clone(), y.clone()) for x, y in batches]
-    log: list[str] = []
-    loader = RecordingLoader(watched(batches, log), log)
-    got, late = [], []
-    run_watched(Tripwire(_library_prefetchers()),
-                lambda: _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, late, case, checks),
-                lambda what: checks.fail(case, f"your prefetcher used {what}", DELEGATED.format(what)))
-    _check_prefetch_result(loader, batches, untouched, got, expected, mean, std, case, checks)
-    if late:  # all else right: the work is done, but late
-        checks.fail(case, late[0], "normalise a batch as soon as you fetch it, before you yield the one you hold: "
-                    "that work is what prefetching moves off the training step (on a GPU, onto its own stream).")
+def check_prefetcher(prefetcher: Callable[..., Iterable[Any]]) -> None:
+    """Check ch08_prefetcher: ``prefetcher(loader, mean, std)`` (a generator function or a class) yields every batch
+    once, in order, normalised by the spec's formula, fetching batch k + 1 (never k + 2) before handing out batch k;
+    then over a ``minidl.DataLoader``."""
+    import functools
+
+    from minidl.prefetch import PrefetchLoader, fast_collate
+
+    torch = _torch()
+    checks = _Checks(prefetcher)
+    library = {"minidl's PrefetchLoader": (PrefetchLoader,)}
+    for description, batches, mean, std in _prefetch_cases():
+        case = f"{description}, mean={mean}, std={std}"
+        untouched = [(x.clone(), y.clone()) for x, y in batches]
+        log: list[str] = []
+        loader = RecordingLoader(watched(batches, log), log)
+        got, late = [], []
+        checks.watched(library, case, "your prefetcher used {0}", DELEGATED, _run_prefetcher, prefetcher, loader,
+                       mean, std, got, late, case, checks)
+        if loader.passes != 1:
+            checks.fail(case, f"you iterated the loader {loader.passes} times for one pass over the data",
+                        "loop over the loader once: a DataLoader starts a new epoch (and new workers) on each iter().")
+        for k, ((x, y), (before_x, before_y)) in enumerate(zip(batches, untouched)):
+            if not (torch.equal(x, before_x) and torch.equal(y, before_y)):
+                checks.fail(case, f"batch {k} of the loader was changed in place",
+                            "make a new tensor for the normalised images; never write into the loader's batches.")
+        _compare_all(got, expected_outputs(batches, mean, std), batches, mean, std, case, checks)
+        if late:  # all else right: the work is done, but late
+            checks.fail(case, late[0], "normalise a batch as soon as you fetch it, before you yield the one you hold: "
+                        "that work is what prefetching moves off the training step (on a GPU, onto its own stream).")
+        checks.passed += 1
+    rng = np.random.default_rng(5)
+    samples = [(rng.integers(0, 256, size=(6, 5, 3), dtype=np.uint8), i) for i in range(10)]  # HWC images
+    loader = DataLoader(samples, batch_size=4, collate_fn=functools.partial(fast_collate, channels_last=True))
+    case = "minidl.DataLoader(10 HWC uint8 images, batch_size=4, collate_fn=fast_collate(channels_last=True))"
+    got = checks.watched(library, case, "your prefetcher used {0}", DELEGATED, lambda: list(prefetcher(loader,
+                         *IMAGENET)), what="prefetcher")
+    _compare_all(got, expected_outputs(list(loader), *IMAGENET), list(loader), *IMAGENET, case, checks)
+    checks.passed += 1
+    checks.done()
 
 
 def watched(batches: Sequence[tuple[Any, Any]], log: list[str]) -> list[tuple[Any, Any]]:
@@ -160,114 +145,75 @@ def watched(batches: Sequence[tuple[Any, Any]], log: list[str]) -> list[tuple[An
     return out
 
 
-def _flat(obj: Any) -> Iterator[Any]:
-    if isinstance(obj, list | tuple):
-        for item in obj:
-            yield from _flat(item)
-    elif isinstance(obj, dict):
-        yield from _flat(list(obj.values()))
-    else:
-        yield obj
+def _flat(obj: Any) -> list[Any]:
+    obj = list(obj.values()) if isinstance(obj, dict) else obj
+    return [leaf for item in obj for leaf in _flat(item)] if isinstance(obj, list | tuple) else [obj]
 
 
-def _run_prefetcher(prefetcher, loader, mean, std, log, batches, got, late, case, checks: _Checks) -> None:
+def _run_prefetcher(prefetcher, loader: RecordingLoader, mean, std, got, late, case, checks: _Checks) -> None:
     def stop_iteration(e: Exception) -> None:
         if isinstance(e, RuntimeError) and "StopIteration" in str(e):
             checks.fail(case, f"your prefetcher raised RuntimeError: {e}",
                         "next(iterator) on an exhausted iterator raises StopIteration, which a generator turns "
                         "into this error: use next(iterator, None), or a for loop over the loader.")
 
+    n, log = len(loader), loader.log
     with yours("prefetcher", case, stop_iteration):
         for k, item in enumerate(prefetcher(loader, mean, std)):
             log.append(f"yield {k}")
-            fetched_then = loader.fetched
+            fetched = loader.fetched
             got.append(item)
-            if k + 1 < len(batches) and fetched_then < k + 2:
+            if k + 1 < n and fetched < k + 2:
                 checks.fail(case, f"when you handed out batch {k}, batch {k + 1} had not been fetched yet "
                                   f"(order so far: {', '.join(log)})",
                             "take the next batch from the loader (and normalise it) before you yield the current "
                             "one; that is what prefetching means.")
-            if k + 1 < len(batches) and f"normalise {k + 1}" not in log and not late:
+            if k + 1 < n and f"normalise {k + 1}" not in log and not late:
                 late.append(f"when you handed out batch {k}, batch {k + 1} was fetched but not yet normalised "
                             f"(order so far: {', '.join(log)})")
-            if fetched_then > k + 2:
-                checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched_then} batches "
+            if fetched > k + 2:
+                checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched} batches "
                                   f"(order so far: {', '.join(log)})",
                             "stay one batch ahead, no more: every batch held costs memory (GPU memory, on a GPU).")
-            if k >= len(batches):
+            if k >= n:
                 break
-
-
-def _check_prefetch_result(loader, batches, untouched, got, expected, mean, std, case, checks: _Checks) -> None:
-    torch = _torch()
-    if loader.passes != 1:
-        checks.fail(case, f"you iterated the loader {loader.passes} times for one pass over the data",
-                    "loop over the loader once: a DataLoader starts a new epoch (and new workers) on each iter().")
-    for k, ((x, y), (before_x, before_y)) in enumerate(zip(batches, untouched)):
-        if not (torch.equal(x, before_x) and torch.equal(y, before_y)):
-            checks.fail(case, f"batch {k} of the loader was changed in place",
-                        "make a new tensor for the normalised images; never write into the loader's batches.")
-    _compare_all(got, expected, batches, mean, std, case, checks)
 
 
 def _compare_all(got, expected, batches, mean, std, case, checks: _Checks) -> None:
     """As many batches as the loader has, each as the spec's formula gives it."""
+    torch = _torch()
     if len(got) != len(expected):
         checks.fail(case, f"the loader has {len(expected)} batches, but you yielded {len(got)}", first_hint(
             "", (len(got) == len(expected) - 1, "the last batch is missing: when the loop over the loader ends, one "
                  "batch is still held; yield it too."),
             (len(got) > len(expected), "each batch is handed out exactly once.")))
     for k, (item, (want_x, want_y)) in enumerate(zip(got, expected)):
-        _compare_prefetched(k, item, want_x, want_y, batches, mean, std, case, checks)
-
-
-def _compare_prefetched(k, item, want_x, want_y, batches, mean, std, case, checks: _Checks) -> None:
-    torch = _torch()
-    where = f"batch {k}"
-    if not isinstance(item, tuple | list) or len(item) != 2:
-        checks.fail(case, f"{where} should be a pair (images, targets), but it is {_short(item)}")
-    x, y = item
-    if not isinstance(x, torch.Tensor):
-        checks.fail(case, f"{where}'s images should be a torch.Tensor, but they are {_type_name(x)}")
-    if x.dtype != torch.float32:
-        checks.fail(case, f"{where}'s images should have dtype torch.float32, but they have {x.dtype}",
-                    "convert with images.to(torch.float32) (or .float()), and keep mean and std float32 too.")
-    if tuple(x.shape) != tuple(want_x.shape):
-        checks.fail(case, f"{where}'s images should have shape {tuple(want_x.shape)}, but they have "
-                          f"{tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W).")
-    if not (isinstance(y, torch.Tensor) and torch.equal(y, want_y)):
-        moved = next((j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)),
-                     None)
-        if moved is not None:
-            checks.fail(case, f"the batch you handed out in place {k} is the loader's batch {moved}",
-                        "hand the batches out in the loader's order: yield the batch you held, then hold the new one.")
-        checks.fail(case, f"{where}'s targets should be {want_y.tolist()}, but they are {_short(y)}",
-                    "pass the targets through untouched.")
-    if not torch.allclose(x, want_x, rtol=1e-5, atol=1e-5):
-        i = tuple(int(v) for v in torch.nonzero(~torch.isclose(x, want_x, rtol=1e-5, atol=1e-5))[0])
-        raw = int(batches[k][0][i])
-        m, s = mean[i[1]], std[i[1]]
-        checks.fail(case, f"{where}'s images{list(i)} should be {float(want_x[i]):.5f}, but it is {float(x[i]):.5f}",
-                    "mean and std are for images scaled to [0, 1], and these are 0..255: scale them by 255, "
-                    "(x - mean * 255) / (std * 255)." if abs(float(x[i]) - (raw - m) / s) < 1e-3 else
-                    f"the raw value there is {raw} (channel {i[1]}, mean {m}, std {s}): ({raw} - {m} * 255) / "
-                    f"({s} * 255) = {float(want_x[i]):.4f}.")
-
-
-def _check_prefetcher_with_dataloader(prefetcher, checks: _Checks) -> None:
-    """Over a real minidl.DataLoader with fast_collate: the batches the spec's formula gives."""
-    import functools
-
-    from minidl.prefetch import fast_collate
-
-    rng = np.random.default_rng(5)
-    samples = [(rng.integers(0, 256, size=(6, 5, 3), dtype=np.uint8), i) for i in range(10)]  # HWC images
-    loader = DataLoader(samples, batch_size=4, collate_fn=functools.partial(fast_collate, channels_last=True))
-    mean, std = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
-    case = "minidl.DataLoader(10 HWC uint8 images, batch_size=4, collate_fn=fast_collate(channels_last=True))"
-    want = expected_outputs(list(loader), mean, std)
-    with yours("prefetcher", case):
-        got = run_watched(Tripwire(_library_prefetchers()), lambda: list(prefetcher(loader, mean, std)),
-                          lambda what: checks.fail(case, f"your prefetcher used {what}", DELEGATED.format(what)))
-    _compare_all(got, want, list(loader), mean, std, case, checks)
-    checks.passed += 1
+        if not isinstance(item, tuple | list) or len(item) != 2:
+            checks.fail(case, f"batch {k} should be a pair (images, targets), but it is {_short(item)}")
+        x, y = item
+        if not isinstance(x, torch.Tensor):
+            checks.fail(case, f"batch {k}'s images should be a torch.Tensor, but they are {_type_name(x)}")
+        if x.dtype != torch.float32:
+            checks.fail(case, f"batch {k}'s images should have dtype torch.float32, but they have {x.dtype}",
+                        "convert with images.to(torch.float32) (or .float()), and keep mean and std float32 too.")
+        if x.shape != want_x.shape:
+            checks.fail(case, f"batch {k}'s images should have shape {tuple(want_x.shape)}, but they have "
+                              f"{tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W).")
+        if not (isinstance(y, torch.Tensor) and torch.equal(y, want_y)):
+            moved = next((j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)),
+                         None)
+            if moved is not None:
+                checks.fail(case, f"the batch you handed out in place {k} is the loader's batch {moved}",
+                            "hand the batches out in the loader's order: yield the batch you held, then hold the new "
+                            "one.")
+            checks.fail(case, f"batch {k}'s targets should be {want_y.tolist()}, but they are {_short(y)}",
+                        "pass the targets through untouched.")
+        if not torch.allclose(x, want_x, rtol=1e-5, atol=1e-5):
+            i = tuple(int(v) for v in torch.nonzero(~torch.isclose(x, want_x, rtol=1e-5, atol=1e-5))[0])
+            raw, m, s = int(batches[k][0][i]), mean[i[1]], std[i[1]]
+            checks.fail(case, f"batch {k}'s images{list(i)} should be {float(want_x[i]):.5f}, but it is "
+                              f"{float(x[i]):.5f}",
+                        "mean and std are for images scaled to [0, 1], and these are 0..255: scale them by 255, "
+                        "(x - mean * 255) / (std * 255)." if abs(float(x[i]) - (raw - m) / s) < 1e-3 else
+                        f"the raw value there is {raw} (channel {i[1]}, mean {m}, std {s}): ({raw} - {m} * 255) / "
+                        f"({s} * 255) = {float(want_x[i]):.4f}.")
