@@ -31,7 +31,7 @@ import numpy as np
 
 from minidl import _random, _utils
 from minidl._picklable import check_main_module, pickling_errors_named
-from minidl._thread_workers import _ThreadContext
+from minidl._thread_workers import _InThread, _ThreadContext
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper, process_cpu_count
 from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
@@ -39,6 +39,7 @@ from minidl.fetch import _DatasetKind
 from minidl.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from minidl.worker import (
     _apply_shared_seed,
+    _InProcess,
     _is_iter_datapipe,
     _IterableDatasetStopIteration,
     _ResumeIteration,
@@ -671,8 +672,10 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         if self._worker_method == "thread":
             context = _ThreadContext
+            runs_in = _InThread  # how each worker seeds itself, keeps its WorkerInfo and watches its parent
         else:
             context = loader.multiprocessing_context or _mp_module().get_context()
+            runs_in = _InProcess
             check_main_module(context, loader)  # spawn/forkserver from a notebook: can the worker import it?
         self._worker_init_fn = loader.worker_init_fn
         if _is_datapipe(self._dataset):  # each worker first keeps its own share (see the DataPipes block)
@@ -709,7 +712,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     self._persistent_workers,
                     self._shared_seed,
                     _WorkerOptions(
-                        worker_method=self._worker_method,
+                        runs_in=runs_in,
                         # >>> layer: shared by tracing and resume
                         layers=self._layer_workers(i),
                         # <<< layer: shared

@@ -61,13 +61,13 @@ def as_worker(info: Any) -> Iterator[None]:
     import torch
     import torch.utils.data._utils.worker as torch_worker
 
-    from minidl.worker import _seed_worker
+    from minidl.worker import _InProcess
 
     saved = (torch_worker._worker_info, random.getstate(), np.random.get_state(), torch.get_rng_state(),
              torch.get_num_threads())
     torch_worker._worker_info = info
     try:
-        _seed_worker(info.seed - info.id, info.id, "multiprocessing")
+        _InProcess.seed(info.seed - info.id, info.id)
         yield
     finally:
         torch_worker._worker_info = saved[0]
