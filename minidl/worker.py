@@ -1,9 +1,9 @@
 """The worker loop: what each DataLoader worker runs, in a process or in a thread.
 
-Mirrors ``torch/utils/data/_utils/worker.py``, in torch's order. A worker in a thread differs from torch's
-process worker in four choices; minidl/_thread_workers.py makes them and hands them in (``_WorkerOptions``).
-Everything here lives at module top level so that ``spawn`` and ``forkserver`` can pickle it by reference:
-a worker can only run what it can import.
+Mirrors ``torch/utils/data/_utils/worker.py``, in torch's order. A thread worker seeds itself, keeps its
+WorkerInfo and watches its parent in its own way: ``_InThread`` in minidl/_thread_workers.py does those steps,
+handed to the loop in ``_WorkerOptions``. Everything here lives at module top level, so that ``spawn`` and
+``forkserver`` can pickle it by reference: a worker can only run what it can import.
 """
 
 from __future__ import annotations
@@ -127,9 +127,9 @@ def _generate_state(base_seed: int, worker_id: int) -> list[int]:
 
 # What minidl passes to _worker_loop besides torch's arguments comes last, in one _WorkerOptions.
 class _InProcess:
-    """A worker in a process of its own, as every torch worker is: torch's loop does these steps inline.
+    """A worker in a process of its own, as every torch worker is. torch's loop does these steps inline.
 
-    ``_InThread`` in minidl/_thread_workers.py has the same five members for a worker in a thread.
+    ``_InThread`` in minidl/_thread_workers.py has the same members, for a worker in a thread.
     """
 
     worker_method = "multiprocessing"  # WorkerInfo.worker_method
@@ -178,11 +178,12 @@ class _WorkerOptions:
     # <<< layer: shared
 
 
-# >>> DataPipes: torch's forward compatibility (an IterDataPipe graph as the dataset). Each worker's copy of the
-# graph is seeded from the one shared_seed the main process drew, so every worker shuffles the same way before
-# its sharding_filter keeps its own share; a persistent worker is re-seeded by each epoch's _ResumeIteration.
+# >>> DataPipes: torch's forward compatibility, where the dataset is an IterDataPipe graph.
+# The main process draws one shared_seed, and each worker seeds its copy of the graph with it.
+# So every worker shuffles the same way before its sharding_filter keeps its own share.
+# Each epoch's _ResumeIteration brings a persistent worker the new epoch's seed.
 def _is_iter_datapipe(dataset) -> bool:
-    torch_data = sys.modules.get("torch.utils.data")  # no torch imported: nothing can be a datapipe
+    torch_data = sys.modules.get("torch.utils.data")  # without torch imported, nothing can be a datapipe
     return torch_data is not None and isinstance(dataset, torch_data.IterDataPipe)
 
 
@@ -200,14 +201,14 @@ def _apply_shared_seed(datapipe, shared_seed: int):
 # >>> layer: shared by tracing and resume.
 # A layer's worker side comes in _WorkerOptions.layers. The worker calls it as layer(worker_id, index_queue,
 # data_queue, create_fetcher), and it returns the three to use instead: wrapped queues and a fetcher factory.
-# It is a module-level class, so spawn can pickle it; the loop never names a layer.
+# It is a module-level class, so that spawn can pickle it. The loop never names a layer.
 # What a layer records travels with the worker's message (ship). That layer's _get_data takes it off in the main
 # process (unship).
 def ship(r: tuple, key: str, value) -> tuple:
     """A layer's worker side sends ``value`` with the message ``r`` = ``(idx, data)``.
 
-    It rides in the idx slot, as ``(idx, {layer: value, ...})``: the pin-memory thread passes idx on
-    untouched, and a message no layer added to stays torch's ``(idx, data)``.
+    It rides in the idx slot, as ``(idx, {layer: value, ...})``, because the pin-memory thread passes idx on
+    untouched. A message that no layer added to stays torch's ``(idx, data)``.
     """
     idx, data = r
     idx, extras = idx if isinstance(idx, tuple) else (idx, {})
@@ -216,7 +217,7 @@ def ship(r: tuple, key: str, value) -> tuple:
 
 
 def unship(r: tuple, key: str) -> tuple:
-    """In the main process: ``(r without this layer's value, idx, the value or None)``."""
+    """Take this layer's value off ``r`` in the main process: ``(r without it, idx, the value or None)``."""
     idx, data = r
     if not isinstance(idx, tuple):
         return r, idx, None
