@@ -1,12 +1,12 @@
-"""Say why, naming the object, when a worker under ``spawn``/``forkserver`` can't receive its work.
+"""Say why, naming the object, when a worker under ``spawn`` or ``forkserver`` can't receive its work.
 
 Those start methods pickle the dataset, ``collate_fn`` and ``worker_init_fn`` into each new process,
-inside ``Process.start()``, with multiprocessing's own pickler. minidl never pickles them a second
-time to find out: it lets the real start judge, and only when that start fails does it pickle each
-object again, the way the start does, to name the one at fault. One failure no pickler sees: an
-object that pickles by reference to an interactive ``__main__`` (a notebook cell), which the worker
-can't import. torch reports it as a dead worker; minidl looks for it once per loader, and only when
-``__main__`` is interactive.
+inside ``Process.start()``, with multiprocessing's own pickler. minidl does not pickle them a second
+time to find out. It lets the real start judge. Only when that start fails does it pickle each
+object again, the way the start does, to name the one at fault.
+One failure is seen by no pickler: an object that pickles by reference to an interactive ``__main__``,
+such as a notebook cell, which the worker can't import. torch reports it as a dead worker. minidl looks
+for it once per loader, and only when ``__main__`` is interactive.
 """
 
 from __future__ import annotations
@@ -34,15 +34,15 @@ def _objects(loader) -> dict[str, Any]:
 
 
 def check_main_module(context, loader) -> None:
-    """Before any worker starts: refuse what the start would send but the worker couldn't rebuild."""
+    """Refuse, before any worker starts, what the start would send but the worker couldn't rebuild."""
     method = _start_method(context)
     if method not in ("spawn", "forkserver"):
-        return  # fork copies the parent's memory (and threads share it): nothing is pickled
+        return  # fork copies the parent's memory and threads share it, so nothing is pickled
     main = sys.modules.get("__main__")
     main_path = getattr(main, "__file__", None)
     if main_path is not None:
-        # The worker imports the main module by name (`python -m`), or re-runs it from its path
-        # (multiprocessing.spawn.get_preparation_data): that path must be a file it can read.
+        # The worker imports the main module by name (`python -m`), or re-runs it from its path.
+        # multiprocessing.spawn.get_preparation_data decides which. The path must be a file the worker can read.
         if getattr(main.__spec__, "name", None) is None and not os.path.isfile(main_path):
             raise RuntimeError(
                 f"DataLoader workers started with '{method}' re-run the main script, and {main_path!r} is not a "
@@ -50,10 +50,10 @@ def check_main_module(context, loader) -> None:
                 "that, or use multiprocessing_context='fork' where the platform has it"
             )
         return
-    # Interactive: a notebook, the REPL, `python -c`. One look per loader, not per epoch.
+    # Here __main__ is interactive: a notebook, the REPL or `python -c`. We look once per loader, not per epoch.
     objects = _objects(loader)
     key = (method, *objects.values())
-    with contextlib.suppress(TypeError):  # a loader class without weak references: look every time
+    with contextlib.suppress(TypeError):  # a loader class without weak references is looked at every time
         seen = _checked_main.get(loader)
         if seen is not None and len(seen) == len(key) and all(a is b for a, b in zip(seen, key, strict=True)):
             return
@@ -62,7 +62,7 @@ def check_main_module(context, loader) -> None:
         try:
             with _spawning(method):
                 spotter.dump(obj)
-        except Exception:  # noqa: BLE001 -- can't be pickled at all: the real start will say so, and be explained
+        except Exception:  # noqa: BLE001 -- the real start will fail on it, and pickling_errors_named explains
             continue
         if spotter.found is not None:
             raise pickle.PicklingError(
@@ -76,7 +76,7 @@ def check_main_module(context, loader) -> None:
 
 @contextlib.contextmanager
 def pickling_errors_named(context, loader):
-    """Around ``Process.start()``: if pickling the worker's arguments fails, name the object and say what to do."""
+    """Wrap ``Process.start()``. If pickling the worker's arguments fails, name the object and say what to do."""
     try:
         yield
     except Exception as e:
@@ -91,10 +91,10 @@ def pickling_errors_named(context, loader):
                 message = f"DataLoader's {what} {obj!r} can't be sent to workers started with '{method}'"
                 try:
                     named = type(e)(f"{message}: {_hint(culprit)} ({type(culprit).__name__}: {culprit})")
-                except Exception:  # noqa: BLE001 -- an exception type built differently: keep the original
+                except Exception:  # noqa: BLE001 -- an exception type built differently keeps the original
                     raise e from None
                 raise named from e
-        raise  # none of them fails alone: not a pickling problem of ours
+        raise  # none of them fails alone, so this is not a pickling problem we can name
 
 
 def _hint(error: Exception) -> str:
@@ -116,16 +116,16 @@ def _hint(error: Exception) -> str:
 
 @contextlib.contextmanager
 def _spawning(method: str):
-    """Pickle as ``Process.start()`` does: with a Popen of ``method`` set as the spawning one.
+    """Pickle as ``Process.start()`` does, with a Popen of ``method`` set as the spawning one.
 
     Lock, Queue, Value and the like refuse to pickle outside a start ("should only be shared between
-    processes through inheritance"); inside one, they hand the child a duplicate of their handle. The
-    stand-in Popen only records the file descriptors a child would get: nothing is started or duplicated.
+    processes through inheritance"). Inside one, they hand the child a duplicate of their handle. The
+    stand-in Popen only records the file descriptors a child would get. Nothing is started or duplicated.
     """
     spawn = "popen_spawn_win32" if sys.platform == "win32" else "popen_spawn_posix"
     module = {"forkserver": "popen_forkserver", "spawn": spawn}
     popen_class = importlib.import_module(f"multiprocessing.{module[method]}").Popen
-    popen = popen_class.__new__(popen_class)  # not launched
+    popen = popen_class.__new__(popen_class)  # made without __init__, so nothing is launched
     popen._fds = []
     mp_context.set_spawning_popen(popen)
     try:
@@ -135,20 +135,21 @@ def _spawning(method: str):
 
 
 class _MainModuleSpotter(ForkingPickler):
-    """Pickles as the start does into nothing, noting any function or class that lives in ``__main__``."""
+    """Pickles as the start does, into nothing. It notes the first function or class that lives in ``__main__``."""
 
     found = None
 
     def persistent_id(self, obj):
-        # A class or function is pickled by name; an instance only through what its __reduce__ returns, which
-        # names its class unless it pickles by value (then the worker never imports it, and torch accepts it).
+        # A class or function is pickled by name. An instance is pickled through what its __reduce__ returns.
+        # That names its class, unless the instance pickles by value. Then the worker never imports the class,
+        # and torch accepts it too.
         if self.found is None and isinstance(obj, type | types.FunctionType) and obj.__module__ == "__main__":
             self.found = obj
-        return None  # never replace anything: this pass only looks
+        return None  # replace nothing, because this pass only looks
 
 
 class _NullWriter:
     def write(self, b) -> int:
-        # Any bytes-like object: Python 3.14's pickler hands large buffers over as a PickleBuffer, uncopied.
+        # b is any bytes-like object. Python 3.14's pickler hands large buffers over uncopied, as a PickleBuffer.
         with memoryview(b) as view:
             return view.nbytes

@@ -1,8 +1,8 @@
 """Random numbers drawn the way torch draws them, or from NumPy when torch is absent.
 
 minidl promises the same order as ``torch.utils.data`` for the same seed, so with torch installed
-every draw goes through torch's own generator. Without torch (a free-threaded interpreter, say)
-the same calls fall back to NumPy: reproducible, but a different stream than torch's.
+every draw goes through torch's own generator. Without torch, on a free-threaded interpreter for example,
+the same calls fall back to NumPy. They are still reproducible, but they draw a different stream than torch's.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ Generator = Any  # a torch.Generator, a numpy.random.Generator, or None
 
 
 def _torch():
-    import torch  # imported on first draw: `import minidl` must work without torch
+    import torch  # imported on the first draw, because `import minidl` must work without torch
 
     return torch
 
@@ -30,18 +30,18 @@ def _uses_numpy(generator: Generator) -> bool:
 def _numpy_generator(generator: Generator) -> np.random.Generator:
     if generator is not None:
         return generator
-    # No generator given: seed a fresh one from NumPy's global state, so np.random.seed(s)
-    # plays the part torch.manual_seed(s) plays with torch.
+    # With no generator given, a fresh one is seeded from NumPy's global state.
+    # So np.random.seed(s) plays the part that torch.manual_seed(s) plays with torch.
     return np.random.default_rng(np.random.randint(0, 2**63 - 1, dtype=np.int64))
 
 
 def make_generator(seed: int) -> Generator:
-    """A new generator seeded with ``seed``: torch's when installed, else NumPy's."""
+    """A new generator seeded with ``seed``. It is torch's when torch is installed, and NumPy's otherwise."""
     if HAS_TORCH:
         g = _torch().Generator()
         g.manual_seed(seed)
         return g
-    # torch accepts negative seeds and wraps them to 64 bits; NumPy only takes non-negative ones.
+    # torch accepts negative seeds and wraps them to 64 bits. NumPy only takes non-negative ones.
     return np.random.default_rng(seed % 2**64)
 
 
@@ -76,8 +76,8 @@ def multinomial(weights, num_samples: int, replacement: bool, generator: Generat
         rng = _numpy_generator(generator)
         if replacement:
             return rng.choice(len(p), size=num_samples, p=p / p.sum()).tolist()
-        # Without replacement torch keeps the top k of p / Exp(1) (the exponential trick), so zero
-        # weights are still drawn, last, once the positive ones run out; we do the same.
+        # Without replacement, torch keeps the top k of p / Exp(1). This is the exponential trick.
+        # So zero weights are still drawn, last, once the positive ones run out. We do the same.
         keys = p / rng.exponential(size=len(p))
         return np.argsort(-keys, kind="stable")[:num_samples].tolist()
     torch = _torch()

@@ -1,9 +1,9 @@
 """Thread workers: what lets the process workers' loop and iterator run on threads too.
 
-minidl's addition; torch 2.13 starts no thread workers. The multi-worker iterator asks a "context"
-for queues, events and workers: a multiprocessing context for process workers, ``_ThreadContext``
-for thread workers, so the same iterator and the same ``_worker_loop`` drive both.
-It also makes torch's own ``get_worker_info`` answer inside minidl's workers (see the NOTE below).
+minidl's addition: torch 2.13 starts no thread workers. The multi-worker iterator asks a "context" for queues,
+events and workers. A multiprocessing context gives process workers, and ``_ThreadContext`` gives thread workers,
+so one iterator drives both. ``_InThread`` makes the worker loop's four choices for a thread (see worker.py).
+It also makes torch's own ``get_worker_info`` answer inside minidl's thread workers (see the NOTE below).
 """
 
 from __future__ import annotations
@@ -17,14 +17,15 @@ import threading
 import numpy as np
 
 from minidl import _random
-
-# A thread worker's WorkerInfo: threads share minidl.worker's module global, so each keeps its own here.
-_thread_local = threading.local()
+from minidl.worker import _RNG, _generate_state, _thread_local
 
 
 def _forget_thread_worker_info() -> None:
-    """In a child forked from a thread worker (a dataset that starts a loader of its own): the forking thread's
-    info came along with the fork, but this process is no thread worker, so it must not answer there."""
+    """Clear the thread worker's info in a child forked from a thread worker.
+
+    This happens when a dataset starts a loader of its own. The forking thread's info comes along with the fork,
+    but the child is no thread worker, so it must not answer with that info.
+    """
     _thread_local.info = None
 
 
@@ -33,40 +34,36 @@ if hasattr(os, "register_at_fork"):
 
 
 def _thread_aware_get_worker_info():
-    """torch's ``get_worker_info`` body while thread workers run: the calling thread's info first."""
+    """The body torch's ``get_worker_info`` runs while thread workers run: the calling thread's info comes first."""
     info = getattr(_minidl_thread_local, "info", None)
     return info if info is not None else _worker_info
 
 
-# The body above runs with the globals of torch's module, where these two names are torch's global and ours.
+# The body above runs with the globals of torch's module. There these two names are ours and torch's global.
 _minidl_thread_local = _thread_local
 _worker_info = None  # never set here: only the copy in torch's module is read
 
 # NOTE [ torch's get_worker_info in thread workers ]
-# A dataset written for torch shards itself with torch's get_worker_info(), which reads one module global: right
-# for process workers (minidl sets it, as torch's worker does), wrong for threads, which share it. So while thread
-# workers run, torch's function gets the thread-aware body above (its code object is swapped, so that even a
-# `from torch.utils.data import get_worker_info` made earlier sees it). The first thread worker to start installs
-# it, the last to leave its loop puts torch's own body back: torch is as it was whenever no thread worker runs.
+# A dataset written for torch shards itself with torch's get_worker_info(), which reads one module global. That
+# is right for process workers, where minidl sets it as torch's worker does. It is wrong for threads, which share
+# it. So while thread workers run, torch's function runs the thread-aware body above. Its code object is swapped,
+# so even a `from torch.utils.data import get_worker_info` made earlier sees the change. The first thread worker
+# to start installs it. The last one to leave its loop puts torch's own body back, so torch is as it was whenever
+# no thread worker runs.
 _torch_swap_lock = threading.Lock()
 _torch_swap_users = 0  # thread workers running with torch's function swapped
-_torch_own_code = None  # torch's own get_worker_info.__code__, while swapped
+_torch_own_code = None  # torch's own get_worker_info.__code__, while it is swapped
 
 
-def _tell_torch(info) -> bool:
-    """Let a dataset written for torch (calling torch's get_worker_info) shard itself here too.
+def _tell_torch() -> bool:
+    """Install the thread-aware body in torch's ``get_worker_info`` (see the NOTE above).
 
-    A process worker sets torch's module global, as torch's own worker does. A thread worker installs the
-    thread-aware body (see NOTE above) and returns True: it must call ``_untell_torch`` when it leaves.
+    It returns True when it did, and the thread worker must then call ``_untell_torch`` when it leaves.
+    It returns False when torch is not imported.
     """
     global _torch_swap_users, _torch_own_code
     torch_worker = sys.modules.get("torch.utils.data._utils.worker")
     if torch_worker is None:
-        return False
-    if info.worker_method != "thread":
-        torch_worker._worker_info = torch_worker.WorkerInfo(
-            id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
-        )
         return False
     with _torch_swap_lock:
         _torch_swap_users += 1
@@ -78,7 +75,7 @@ def _tell_torch(info) -> bool:
 
 
 def _untell_torch() -> None:
-    """A thread worker leaves: the last one puts torch's own get_worker_info back."""
+    """A thread worker leaves. The last one to leave puts torch's own ``get_worker_info`` back."""
     global _torch_swap_users, _torch_own_code
     torch_worker = sys.modules["torch.utils.data._utils.worker"]
     with _torch_swap_lock:
@@ -89,23 +86,54 @@ def _untell_torch() -> None:
             _torch_own_code = None
 
 
-def _own_streams(seed: int, np_state: list[int]) -> tuple:
-    """A thread worker's own ``random``, torch and NumPy generators, seeded with the numbers a process worker
-    gives the global streams (``seed``, and ``np_state`` from ``_generate_state``)."""
-    torch_generator = None
-    if _random.HAS_TORCH:
-        import torch
-
-        torch_generator = torch.Generator()
-        torch_generator.manual_seed(seed)
-    return random.Random(seed), torch_generator, np.random.default_rng(np_state)
-
-
 class _ThreadWatchdog:
-    """A thread worker's parent is the main thread: stop if the interpreter is shutting down."""
+    """A thread worker's parent is the main thread. The worker stops when the interpreter shuts down."""
 
     def is_alive(self) -> bool:
         return threading.main_thread().is_alive()
+
+
+class _InThread:
+    """A worker in a thread of the main process, passed to ``_worker_loop`` in ``_WorkerOptions.runs_in``.
+
+    It has the same five members as ``_InProcess`` in worker.py. Threads share the interpreter's global random
+    streams, the module global that holds a worker's info, and the main process as their parent.
+    """
+
+    worker_method = "thread"  # WorkerInfo.worker_method
+    kind = "thread"  # ExceptionWrapper's words: "in DataLoader worker thread 0"
+    watchdog = _ThreadWatchdog
+
+    @staticmethod
+    def seed(base_seed: int, worker_id: int) -> tuple:
+        """Give the worker its own ``random``, torch and NumPy generators, and leave the global streams alone.
+
+        They are seeded with the numbers a process worker gives the global streams. It returns the seed and the
+        three generators in an ``_RNG``.
+        """
+        seed = base_seed + worker_id
+        torch_generator = None
+        if _random.HAS_TORCH:
+            import torch
+
+            torch_generator = torch.Generator()
+            torch_generator.manual_seed(seed)
+        numpy_generator = np.random.default_rng(_generate_state(base_seed, worker_id))
+        return seed, _RNG(random.Random(seed), torch_generator, numpy_generator)
+
+    @staticmethod
+    def set_worker_info(info) -> None:
+        """Keep ``info`` for this thread alone, and make torch's ``get_worker_info`` return it too."""
+        _thread_local.info = info
+        _thread_local.told_torch = _tell_torch()
+
+    @staticmethod
+    def leave() -> None:
+        """Forget this thread's info. The last thread worker to leave puts torch's ``get_worker_info`` back."""
+        _thread_local.info = None
+        if getattr(_thread_local, "told_torch", False):
+            _thread_local.told_torch = False
+            _untell_torch()
 
 
 class _ThreadQueue(queue.Queue):

@@ -1,5 +1,7 @@
-"""What the loader's modules share, as ``torch/utils/data/_utils/__init__.py`` (plus ``torch/_utils.py``'s
-``ExceptionWrapper`` and ``torch/utils/data/_utils/signal_handling.py``).
+"""What the loader's modules share, as ``torch/utils/data/_utils/__init__.py``.
+
+It also holds minidl's ``ExceptionWrapper``, which torch keeps in ``torch/_utils.py``, and what
+``torch/utils/data/_utils/signal_handling.py`` does.
 """
 
 from __future__ import annotations
@@ -11,21 +13,22 @@ import threading
 import time
 import traceback
 
-# How often (seconds) a waiting worker checks that its parent is alive, and a waiting main
-# process checks that its workers are. torch uses 5.0; a shorter interval reports a dead worker
-# sooner and costs nothing while batches flow.
+# How often, in seconds, a waiting worker checks that its parent is alive.
+# A waiting main process checks its workers as often. torch waits 5.0 seconds.
+# A shorter interval reports a dead worker sooner, and it costs nothing while batches flow.
 MP_STATUS_CHECK_INTERVAL = 1.0
 
-# The one clock: tracing and the loader read it. perf_counter is system-wide monotonic on Linux
-# and macOS, so times taken in worker processes and in the main process share one axis.
+# The one clock that tracing and the loader read.
+# perf_counter is system-wide and monotonic on Linux and macOS.
+# So times taken in worker processes and in the main process share one axis.
 now = time.perf_counter
 
 
 def process_cpu_count() -> int:
-    """The cores this process may run on: its affinity mask where the OS has one (Linux), else all of them.
+    """The number of cores this process may run on.
 
-    ``os.process_cpu_count`` says the same from Python 3.13; a Mac has neither that before 3.13 nor
-    ``sched_getaffinity``, and gets ``os.cpu_count()``.
+    Linux gives each process an affinity mask, and this counts it. ``os.process_cpu_count`` does the same
+    from Python 3.13. A Mac before 3.13 has neither, and gets ``os.cpu_count()``.
     """
     if hasattr(os, "process_cpu_count"):
         return os.process_cpu_count() or 1
@@ -39,7 +42,7 @@ class DoneFlag:
 
     torch passes ``multiprocessing.Event()``. Its ``is_set()`` takes a lock shared by every process, so a worker
     killed inside ``is_set()`` leaves the lock held, and the main process's ``set()`` at shutdown waits for ever.
-    Here it is one byte of shared memory, read and written without a lock; only the main process writes it.
+    Here it is one byte of shared memory, read and written without a lock. Only the main process writes it.
     """
 
     def __init__(self, context) -> None:
@@ -65,19 +68,19 @@ class ExceptionWrapper:
         """Raise the same exception type here, its message holding the worker's traceback."""
         msg = f"Caught {self.exc_type.__name__} {self.where}.\nOriginal {self.exc_msg}"
         if self.exc_type is KeyError:
-            msg = _KeyErrorMessage(msg)  # KeyError repr()s its argument; keep newlines readable
+            msg = _KeyErrorMessage(msg)  # KeyError shows its argument's repr, and this keeps newlines readable
         elif getattr(self.exc_type, "message", None):
             raise self.exc_type(message=msg)  # a type whose first argument is not the message
         try:
             exception = self.exc_type(msg)
         except Exception:
-            # Some exception types need more than one argument: fall back as torch does.
+            # Some exception types need more than one argument. torch then raises a RuntimeError, and so do we.
             raise RuntimeError(msg) from None
         try:
             raise exception
         finally:
-            # The traceback holds this frame, which would hold the exception: a reference cycle
-            # that keeps the iterator and its workers alive until the garbage collector runs.
+            # The traceback holds this frame, and the frame would hold the exception.
+            # That reference cycle would keep the iterator and its workers alive until the garbage collector runs.
             del exception
 
 
@@ -87,8 +90,9 @@ class _KeyErrorMessage(str):
 
 
 # --- noticing a dead worker process at once (torch/utils/data/_utils/signal_handling.py) ----------
-# The main thread registers its workers' pids; when any child ends, SIGCHLD runs the handler, which
-# looks (without reaping: WNOWAIT) whether a registered worker ended badly and raises if so.
+# The main thread registers its workers' pids. When any child ends, SIGCHLD runs the handler.
+# The handler looks whether a registered worker ended badly, and raises if one did.
+# It looks with WNOWAIT, so it reaps no child.
 
 _worker_pids: dict[int, tuple[int, ...]] = {}  # id(iterator) -> its worker processes' pids
 _SIGCHLD_handler_set = False
@@ -103,8 +107,11 @@ def _remove_worker_pids(key: int) -> None:
 
 
 def describe_exit(pid: int, exitcode: int | None) -> str:
-    """How a worker process ended, in torch's words (its C++ ``_error_if_any_worker_fails``): a signal (negative
-    exit code) or an exit code; one that ended without either gets the words torch's status check uses."""
+    """How a worker process ended, in the words of torch's C++ ``_error_if_any_worker_fails``.
+
+    A negative exit code names the signal that killed it. A worker that ended with neither a signal nor an exit
+    code gets the words of torch's status check.
+    """
     if exitcode is not None and exitcode < 0:
         try:
             name = signal.strsignal(-exitcode) or signal.Signals(-exitcode).name
@@ -122,8 +129,11 @@ def describe_exit(pid: int, exitcode: int | None) -> str:
 
 
 def worker_failure_message(ended: list[tuple[int, int]]) -> str:
-    """The one message for dead workers, given (pid, exit code) pairs: torch's sentence for each (torch names only
-    the first it finds; minidl names every one), separated by a space."""
+    """The one message for dead workers, given ``(pid, exit code)`` pairs.
+
+    It holds torch's sentence for each worker, separated by spaces. torch names only the first dead worker it
+    finds, and minidl names every one.
+    """
     text = ""
     for words in (describe_exit(*e) for e in ended):
         text += words if not text or text.endswith(" ") else " " + words
@@ -131,10 +141,13 @@ def worker_failure_message(ended: list[tuple[int, int]]) -> str:
 
 
 def _exit_code(pid: int) -> int | None:
-    """A child's exit code as multiprocessing reports it (-N: signal N), without reaping it; None if running."""
+    """A child's exit code as multiprocessing reports it, without reaping the child.
+
+    A code of -N means signal N. It is None while the child runs.
+    """
     try:
         info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # already reaped by multiprocessing: is_alive() tells the rest
+    except ChildProcessError:  # multiprocessing reaped it already, and is_alive() tells the rest
         return None
     if info is None:
         return None
@@ -145,12 +158,12 @@ def _error_if_any_worker_fails() -> None:
     for key, pids in list(_worker_pids.items()):
         ended = [(pid, code) for pid in pids if (code := _exit_code(pid)) not in (None, 0)]
         if ended:
-            _remove_worker_pids(key)  # once: the iterator itself reports it on every later next()
+            _remove_worker_pids(key)  # raise only once, because the iterator reports it on every later next()
             raise RuntimeError(worker_failure_message(ended))
 
 
 def _set_SIGCHLD_handler() -> None:  # noqa: N802 -- torch's name
-    """Install (once, in the main thread) a SIGCHLD handler that raises when a worker dies badly."""
+    """Install a SIGCHLD handler that raises when a worker dies badly. It is installed once, in the main thread."""
     global _SIGCHLD_handler_set
     if _SIGCHLD_handler_set or not hasattr(signal, "SIGCHLD"):
         return

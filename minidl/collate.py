@@ -1,8 +1,8 @@
 """Collate: turn a list of samples into one batch, recursing into dicts, tuples and lists.
 
-Mirrors ``torch/utils/data/_utils/collate.py``: ``collate`` walks the sample's structure and hands
+Mirrors ``torch/utils/data/_utils/collate.py``. ``collate`` walks the sample's structure and hands
 each leaf type to a function looked up in an open registry (``default_collate_fn_map``). Importing
-this module never imports torch; ``numpy_collate`` batches into NumPy arrays and never needs it.
+this module never imports torch. ``numpy_collate`` batches into NumPy arrays and never needs torch.
 """
 
 from __future__ import annotations
@@ -44,10 +44,10 @@ class TorchTensor(metaclass=_TorchTensorMeta):
 
 
 def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
-    """Collate ``batch`` by the type of its first sample: a registered leaf function, else recurse.
+    """Collate ``batch`` by the type of its first sample, with a registered leaf function or by recursing.
 
     Leaf functions are looked up by exact type first, then by ``isinstance`` in insertion order.
-    A minidl addition: an error inside a sample gains a note saying where, ``while collating sample['x'][0]``.
+    minidl adds one thing: an error inside a sample gains a note saying where, ``while collating sample['x'][0]``.
     """
     elem = batch[0]
     elem_type = type(elem)
@@ -79,12 +79,12 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
 
 
 def _collate_field(samples: Sequence[Any], where: str, collate_fn_map: CollateFnMap | None) -> Any:
-    """Collate one field across the batch; if that fails, note where in the sample it was."""
+    """Collate one field across the batch. If that fails, note where in the sample the field was."""
     try:
         return collate(samples, collate_fn_map=collate_fn_map)
     except (RuntimeError, TypeError) as err:
         if not isinstance(err, RecursionError):
-            # Grow a single note outward as the error unwinds: "while collating sample['x'][0]".
+            # Grow a single note outward as the error unwinds, up to "while collating sample['x'][0]".
             prefix = "while collating sample"
             notes = getattr(err, "__notes__", [])
             if notes and notes[-1].startswith(prefix):
@@ -96,16 +96,17 @@ def _collate_field(samples: Sequence[Any], where: str, collate_fn_map: CollateFn
 
 def _rebuild_mapping(elem: Mapping, values: dict) -> Mapping:
     """A mapping of ``elem``'s type holding ``values``, or a plain dict if that type can't be built."""
-    # torch collates the values inside this try; we do it before, so a TypeError from a field
-    # propagates at once instead of being retried with a plain dict first. Same result, once.
+    # torch collates the values inside this try, and we do it before.
+    # So a TypeError from a field propagates at once, instead of being retried with a plain dict first.
+    # The result is the same, and it is computed once.
     try:
         if isinstance(elem, MutableMapping):
-            # The type may carry extra state (a defaultdict's factory): copy it, then overwrite.
+            # The type may carry extra state, such as a defaultdict's factory. So copy it, then overwrite.
             clone = copy.copy(elem)
             clone.update(values)
             return clone
         return type(elem)(values)
-    except TypeError:  # no copy()/update(), or no __init__(mapping)
+    except TypeError:  # the type has no copy() and update(), or no __init__(mapping)
         return values
 
 
@@ -118,7 +119,7 @@ def _rebuild_sequence(elem: Sequence, items: list) -> Sequence:
                 clone[i] = item
             return clone
         return type(elem)(items)
-    except TypeError:  # no copy()/__setitem__, or no __init__(iterable): range, for one
+    except TypeError:  # the type has no copy() and __setitem__, or no __init__(iterable), as range has not
         return items
 
 
@@ -176,14 +177,14 @@ def collate_str_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None 
     return batch
 
 
-# The default registry, in torch's order. torch keys the first entry by torch.Tensor; we key it by
-# TorchTensor, which matches the same objects, so the registry exists (and its numpy/number/str
-# entries work) without torch. A copy with `m[torch.Tensor] = fn` still wins for plain tensors,
-# found by exact type before the isinstance scan reaches TorchTensor.
+# The default registry, in torch's order. torch keys the first entry by torch.Tensor.
+# We key it by TorchTensor, which matches the same objects without importing torch.
+# So the registry, with its numpy, number and str entries, works without torch.
+# A copy with `m[torch.Tensor] = fn` still wins for plain tensors: the exact-type lookup finds it first.
 default_collate_fn_map: CollateFnMap = {
     TorchTensor: collate_tensor_fn,
     np.ndarray: collate_numpy_array_fn,  # and np.memmap, its subclass
-    (np.bool_, np.number, np.object_): collate_numpy_scalar_fn,  # not np.str_/np.bytes_: str/bytes below
+    (np.bool_, np.number, np.object_): collate_numpy_scalar_fn,  # np.str_ and np.bytes_ go to str and bytes
     float: collate_float_fn,
     int: collate_int_fn,
     str: collate_str_fn,
@@ -192,7 +193,7 @@ default_collate_fn_map: CollateFnMap = {
 
 
 def default_collate(batch: Sequence[Any]) -> Any:
-    """Batch samples into tensors, keeping their structure; what DataLoader uses with a batch_size.
+    """Batch samples into tensors, keeping their structure. DataLoader uses it when given a batch_size.
 
     >>> default_collate([0, 1, 2, 3])
     tensor([0, 1, 2, 3])

@@ -1,7 +1,7 @@
 """DataLoader: sampler -> indices -> fetch -> collate -> batch, in one process or across workers.
 
 Mirrors ``torch/utils/data/dataloader.py``. The single-process iterator is the whole idea: sample,
-fetch, collate (and pin); the multi-worker iterator adds queues, a reorder buffer and a shutdown
+fetch, collate, and pin when asked. The multi-worker iterator adds queues, a reorder buffer and a shutdown
 protocol (see the NOTE below). Workers are processes by default, or threads with
 ``worker_method="thread"``.
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from minidl import _random, _utils
 from minidl._picklable import check_main_module, pickling_errors_named
-from minidl._thread_workers import _ThreadContext
+from minidl._thread_workers import _InThread, _ThreadContext
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper, process_cpu_count
 from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
@@ -39,6 +39,7 @@ from minidl.fetch import _DatasetKind
 from minidl.sampler import BatchSampler, RandomSampler, Sampler, SequentialSampler
 from minidl.worker import (
     _apply_shared_seed,
+    _InProcess,
     _is_iter_datapipe,
     _IterableDatasetStopIteration,
     _ResumeIteration,
@@ -69,15 +70,15 @@ def _is_iterable_dataset(dataset) -> bool:
     return torch_data is not None and isinstance(dataset, torch_data.IterableDataset)
 
 
-# >>> DataPipes: torch's forward compatibility, so the classic DataLoader runs an IterDataPipe / MapDataPipe graph
-# (torch.utils.data.datapipes). The graph's own shufflers and sharding_filter do the work; the loader only sets them:
-#   DataLoader.__init__   wraps the graph so it pickles (_DataPipeSerializationWrapper), and shuffle= turns its
-#                         shufflers on or off (an IterDataPipe takes shuffle=, other IterableDatasets refuse it);
-#   each iterator/epoch   draws one shared seed from loader.generator, BEFORE base_seed, and seeds the graph's
-#                         random datapipes from it (_share_dist_seed; workers re-seed their copy from the same seed);
-#   then                  shards it: in the main process over the ranks, in workers over workers x ranks.
+# >>> DataPipes: torch's forward compatibility, so the classic DataLoader runs an IterDataPipe or MapDataPipe graph
+# (torch.utils.data.datapipes). The graph's own shufflers and sharding_filter do the work. The loader only sets them:
+#   DataLoader.__init__   wraps the graph so that it pickles (_DataPipeSerializationWrapper).
+#                         shuffle= turns its shufflers on or off. Other IterableDatasets refuse shuffle=.
+#   each iterator/epoch   draws one shared seed from loader.generator, BEFORE base_seed (_share_dist_seed).
+#                         It seeds the graph's random datapipes with it. Workers re-seed their copy with the same seed.
+#   then                  shards the graph: over the ranks in the main process, over workers x ranks in workers.
 def _is_datapipe(dataset) -> bool:
-    torch_data = sys.modules.get("torch.utils.data")  # no torch imported: nothing can be a datapipe
+    torch_data = sys.modules.get("torch.utils.data")  # without torch imported, nothing can be a datapipe
     return torch_data is not None and isinstance(dataset, (torch_data.IterDataPipe, torch_data.MapDataPipe))
 
 
@@ -102,7 +103,10 @@ def _get_distributed_settings() -> tuple[int, int]:
 
 
 def _sharding_worker_init_fn(worker_init_fn, world_size, rank_id, worker_id) -> None:
-    """Runs first in each worker: keep this worker's share of the data (ranks first, then workers), then the user's."""
+    """Keep this worker's share of the data, then run the user's ``worker_init_fn``. It runs first in each worker.
+
+    The data is shared out over the ranks first, then over the workers.
+    """
     from torch.utils.data.graph_settings import apply_sharding
 
     info = get_worker_info()
@@ -118,14 +122,14 @@ def _sharding_worker_init_fn(worker_init_fn, world_size, rank_id, worker_id) -> 
 
 
 def _datapipe_process_group():
-    """A gloo group to broadcast rank 0's shared seed on, when torch.distributed is initialized (else None)."""
+    """A gloo group to broadcast rank 0's shared seed on, when torch.distributed is initialized. Else None."""
     import torch.distributed as dist
 
     return dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
 
 
 def _share_dist_seed(generator, pg) -> int:
-    """One draw from the loader's generator (rank 0's, with a process group): the epoch's shared seed."""
+    """The epoch's shared seed: one draw from the loader's generator, which is rank 0's with a process group."""
     if pg is None:
         return _random.draw_seed(generator)  # torch.empty((), dtype=torch.int64).random_(generator=generator)
     import torch
@@ -357,14 +361,14 @@ class DataLoader(Generic[_T_co]):
         self.__multiprocessing_context = context
 
     def __setattr__(self, attr, val) -> None:
-        # These define the batches; changing one mid-life would silently desync the samplers.
+        # These define the batches. Changing one mid-life would silently desync the samplers.
         frozen = ("batch_size", "batch_sampler", "sampler", "drop_last", "dataset", "persistent_workers")
         if self.__dict__.get("_DataLoader__initialized") and attr in frozen:
             raise ValueError(f"{attr} attribute should not be set after {self.__class__.__name__} is initialized")
         super().__setattr__(attr, val)
 
     def __iter__(self):
-        # Persistent workers outlive an epoch: reuse the iterator and just reset it.
+        # Persistent workers outlive an epoch, so the iterator is reused and only reset.
         if self.persistent_workers and self.num_workers > 0:
             if self._iterator is None:
                 self._iterator = self._get_iterator()
@@ -379,12 +383,12 @@ class DataLoader(Generic[_T_co]):
 
     @property
     def _index_sampler(self):
-        # What the fetcher consumes: lists of indices when batching, single indices otherwise.
+        # What the fetcher consumes. It is lists of indices when batching, and single indices otherwise.
         return self.batch_sampler if self._auto_collation else self.sampler
 
     def __len__(self) -> int:
         if self._dataset_kind == _DatasetKind.Iterable:
-            # The dataset's own claim; with workers it is only right if each replica shards itself.
+            # The dataset's own claim. With workers, it is only right if each replica shards itself.
             length = self._IterableDataset_len_called = len(self.dataset)
             if self.batch_size is not None:
                 length = length // self.batch_size if self.drop_last else math.ceil(length / self.batch_size)
@@ -427,7 +431,7 @@ class DataLoader(Generic[_T_co]):
 
 
 def _mp_module():
-    """torch.multiprocessing when torch is installed (tensors then travel in shared memory)."""
+    """torch.multiprocessing when torch is installed, so that tensors travel in shared memory. Else multiprocessing."""
     if _random.HAS_TORCH:
         import torch.multiprocessing
 
@@ -451,7 +455,7 @@ class _BaseDataLoaderIter:
                 f"ignore pin_memory_device='{loader.pin_memory_device}'.",
                 stacklevel=3,
             )
-        self._pin_memory_device = None  # as in torch 2.13: always the current accelerator
+        self._pin_memory_device = None  # as in torch 2.13, where it is always the current accelerator
         if loader.pin_memory and not self._pin_memory:
             warnings.warn(
                 "'pin_memory' argument is set as true but no accelerator is found, "
@@ -459,7 +463,7 @@ class _BaseDataLoaderIter:
                 stacklevel=3,
             )
         accelerator = _random._torch().accelerator.current_accelerator() if self._pin_memory else None
-        if accelerator is not None and accelerator.type == "mps":  # torch 2.13: MPS cannot pin yet (its issue 86060)
+        if accelerator is not None and accelerator.type == "mps":  # torch 2.13 cannot pin on MPS yet (its issue 86060)
             self._pin_memory = False
             warnings.warn(
                 "'pin_memory' argument is set as true but not supported on MPS now, "
@@ -671,8 +675,10 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         if self._worker_method == "thread":
             context = _ThreadContext
+            runs_in = _InThread  # how each worker seeds itself, keeps its WorkerInfo and watches its parent
         else:
             context = loader.multiprocessing_context or _mp_module().get_context()
+            runs_in = _InProcess
             check_main_module(context, loader)  # spawn/forkserver from a notebook: can the worker import it?
         self._worker_init_fn = loader.worker_init_fn
         if _is_datapipe(self._dataset):  # each worker first keeps its own share (see the DataPipes block)
@@ -709,7 +715,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                     self._persistent_workers,
                     self._shared_seed,
                     _WorkerOptions(
-                        worker_method=self._worker_method,
+                        runs_in=runs_in,
                         # >>> layer: shared by tracing and resume
                         layers=self._layer_workers(i),
                         # <<< layer: shared

@@ -1,6 +1,6 @@
 """Datasets: map-style (``dataset[i]``) and iterable-style (``iter(dataset)``), and ways to combine them.
 
-Mirrors ``torch/utils/data/dataset.py``. Nothing here imports torch: ``TensorDataset`` indexes
+Mirrors ``torch/utils/data/dataset.py``. Nothing here imports torch. ``TensorDataset`` indexes
 anything with ``.shape[0]`` and ``__getitem__``, so torch tensors and NumPy arrays both work.
 """
 
@@ -12,8 +12,8 @@ import math
 import warnings
 from collections.abc import Iterator, Sequence
 
-# Iterable from typing, as torch imports it: IterableDataset's bases then put collections.abc.Iterable
-# ahead of Generic, so a non-generic subclass such as ChainDataset still subscripts (ChainDataset[int]).
+# Iterable comes from typing, as torch imports it. IterableDataset's bases then put collections.abc.Iterable
+# ahead of Generic. So a non-generic subclass such as ChainDataset still subscripts, as ChainDataset[int].
 from typing import Any, Generic, Iterable, TypeVar  # noqa: UP035
 
 from minidl._random import Generator, randperm
@@ -26,7 +26,7 @@ T_stack = TypeVar("T_stack", tuple[Any, ...], dict[str, Any])  # a StackDataset 
 
 
 class Dataset(Generic[T_co]):
-    """Base class for map-style datasets: subclasses define ``__getitem__`` (and usually ``__len__``).
+    """Base class for map-style datasets. Subclasses define ``__getitem__``, and usually ``__len__``.
 
     A subclass may also define ``__getitems__(indices)`` to fetch a whole batch in one call.
     """
@@ -37,13 +37,13 @@ class Dataset(Generic[T_co]):
     def __add__(self, other: Dataset[T_co]) -> ConcatDataset[T_co]:
         return ConcatDataset([self, other])
 
-    # No default __len__: see NOTE [ Lack of Default `__len__` ... ] in torch's sampler.py.
+    # There is no default __len__ (see NOTE [ Lack of Default `__len__` ... ] in torch's sampler.py).
 
 
 class IterableDataset(Dataset[T_co], Iterable[T_co]):
-    """Base class for stream-like datasets: subclasses define ``__iter__``, read front to back.
+    """Base class for stream-like datasets. Subclasses define ``__iter__``, read front to back.
 
-    In a DataLoader with workers every worker iterates its own copy; use ``get_worker_info()`` to
+    In a DataLoader with workers, every worker iterates its own copy. Use ``get_worker_info()`` to
     give each worker its own share of the stream.
     """
 
@@ -52,7 +52,7 @@ class IterableDataset(Dataset[T_co], Iterable[T_co]):
 
 
 class TensorDataset(Dataset[tuple[Any, ...]]):
-    """Rows of several equally long arrays: item ``i`` is ``(a[i], b[i], ...)``.
+    """Rows of several equally long arrays. Item ``i`` is ``(a[i], b[i], ...)``.
 
     >>> import numpy as np
     >>> ds = TensorDataset(np.arange(6).reshape(3, 2), np.array([10, 20, 30]))
@@ -74,7 +74,7 @@ class TensorDataset(Dataset[tuple[Any, ...]]):
 
 
 def _fetch_many(dataset: Any, indices: list) -> list:
-    # A whole batch in one call where the dataset offers __getitems__, else one item at a time.
+    # Take a whole batch in one call where the dataset offers __getitems__, and else one item at a time.
     if callable(getattr(dataset, "__getitems__", None)):
         items = dataset.__getitems__(indices)
         if len(items) != len(indices):
@@ -125,7 +125,7 @@ class StackDataset(Dataset[T_stack]):
 class ConcatDataset(Dataset[T_co]):
     """Map-style datasets end to end: indices run through the first, then the second, and so on.
 
-    torch's deprecated misspelling ``cummulative_sizes`` is left out: use ``cumulative_sizes``.
+    torch's deprecated misspelling ``cummulative_sizes`` is left out. Use ``cumulative_sizes``.
 
     >>> ds = ConcatDataset([range(3), range(10, 12)])
     >>> len(ds), ds[3], ds[-1], ds.cumulative_sizes
@@ -134,7 +134,7 @@ class ConcatDataset(Dataset[T_co]):
 
     @staticmethod
     def cumsum(sequence: Iterable[Any]) -> list[int]:
-        """Running totals of the lengths: where each dataset ends in the concatenation."""
+        """Running totals of the lengths. Each says where one dataset ends in the concatenation."""
         return list(itertools.accumulate(len(e) for e in sequence))
 
     def __init__(self, datasets: Iterable[Dataset]) -> None:
@@ -199,7 +199,7 @@ class Subset(Dataset[T_co]):
         self.dataset = dataset
         self.indices = indices
         # The DataLoader fetches batches through __getitems__, which would skip an overridden
-        # __getitem__ without a word; torch refuses such a subclass, and so do we.
+        # __getitem__ without a word. torch refuses such a subclass, and so do we.
         cls = type(self)
         if cls.__getitem__ is not Subset.__getitem__ and cls.__getitems__ is Subset.__getitems__:
             raise NotImplementedError(
@@ -230,13 +230,13 @@ def random_split(
 ) -> list[Subset[T_co]]:
     """Split ``dataset`` into non-overlapping random ``Subset``s of the given lengths (or fractions).
 
-    minidl's default is ``generator=None`` where torch's is ``torch.default_generator``: the same
-    global stream, named without importing torch. A NumPy ``Generator`` also works (a minidl addition).
+    minidl's default is ``generator=None`` where torch's is ``torch.default_generator``. Both mean the same
+    global stream, and minidl's names it without importing torch. A NumPy ``Generator`` also works here.
 
     >>> [len(s) for s in random_split(range(10), [0.5, 0.3, 0.2])]
     [5, 3, 2]
     """
-    # Fractions summing to 1 become floor(frac * n) each; what is left over goes out one by one,
+    # Fractions summing to 1 become floor(frac * n) each. What is left over goes out one by one,
     # round-robin from the first split.
     if math.isclose(sum(lengths), 1) and sum(lengths) <= 1:
         for i, frac in enumerate(lengths):

@@ -2,7 +2,7 @@
 
 Mirrors ``torch/utils/data/distributed.py``. Every rank shuffles with the same seed, pads (or trims)
 the order to a multiple of ``num_replicas``, then takes every ``num_replicas``-th index from ``rank``.
-It needs no process group when ``num_replicas`` and ``rank`` are given; torch is only asked otherwise.
+It needs no process group when ``num_replicas`` and ``rank`` are given. Only otherwise is torch asked.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from minidl.sampler import Sampler
 
 __all__ = ["DistributedSampler"]
 
-T_co = TypeVar("T_co", covariant=True)  # generic like torch's: DistributedSampler[int] subscripts
+T_co = TypeVar("T_co", covariant=True)  # generic like torch's, so DistributedSampler[int] subscripts
 
 
 def _process_group() -> object:
-    # torch.distributed, when it can tell us the world size and our rank; the same errors as torch's.
+    # torch.distributed tells us the world size and our rank, when it can. It fails with torch's own errors.
     if not _random.HAS_TORCH:
         raise RuntimeError("Requires distributed package to be available")
-    import torch.distributed as dist  # lazily: only when num_replicas or rank is left out
+    import torch.distributed as dist  # imported only when num_replicas or rank is left out
 
     if not dist.is_available():
         raise RuntimeError("Requires distributed package to be available")
@@ -37,12 +37,12 @@ def _process_group() -> object:
 
 
 class DistributedSampler(Sampler[T_co]):
-    """Yields the indices that belong to ``rank``; call ``set_epoch`` each epoch to reshuffle.
+    """Yields the indices that belong to ``rank``. Call ``set_epoch`` each epoch to reshuffle.
 
     Without a process group, leaving out ``num_replicas`` or ``rank`` raises torch's ``ValueError``,
     whose message minidl ends with a hint: "..., or pass num_replicas and rank."
 
-    With 10 items over 3 replicas each rank gets 4: the order is padded with its own head, [0, 1].
+    With 10 items over 3 replicas, each rank gets 4. The order is padded with its own head, [0, 1].
 
     >>> [list(DistributedSampler(range(10), num_replicas=3, rank=r, shuffle=False)) for r in range(3)]
     [[0, 3, 6, 9], [1, 4, 7, 0], [2, 5, 8, 1]]
@@ -79,7 +79,7 @@ class DistributedSampler(Sampler[T_co]):
             # Trim to the largest multiple of num_replicas below n, so every rank gets as many.
             self.num_samples = math.ceil((n - num_replicas) / num_replicas)
         else:
-            # Round up: the tail is padded with repeated indices instead.
+            # Round up. The tail is padded with repeated indices instead.
             self.num_samples = math.ceil(n / num_replicas)
         self.total_size = self.num_samples * num_replicas  # across all ranks, padding included
         self.shuffle = shuffle
@@ -104,7 +104,7 @@ class DistributedSampler(Sampler[T_co]):
             indices = indices[: self.total_size]
         assert len(indices) == self.total_size
 
-        # Stride through the shared order: rank r takes positions r, r + R, r + 2R, ...
+        # Stride through the shared order. Rank r takes positions r, r + R, r + 2R, ...
         indices = indices[self.rank : self.total_size : self.num_replicas]
         assert len(indices) == self.num_samples
         return iter(indices)
@@ -113,5 +113,5 @@ class DistributedSampler(Sampler[T_co]):
         return self.num_samples
 
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch, which is added to ``seed``: each epoch then shuffles differently."""
+        """Set the epoch, which is added to ``seed``. Each epoch then shuffles differently."""
         self.epoch = epoch

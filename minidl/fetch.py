@@ -1,7 +1,7 @@
 """Fetchers: turn one index (or one list of indices) from the sampler into one collated batch.
 
 Mirrors ``torch/utils/data/_utils/fetch.py``. The same fetcher runs in the main process and in
-every worker, so it holds no state about which worker it is in; an iterable fetcher only
+every worker, so it holds no state about which worker it is in. An iterable fetcher only
 remembers where its dataset iterator stands.
 """
 
@@ -31,11 +31,11 @@ class _MapDatasetFetcher(_BaseDatasetFetcher):
     """Fetches from a map-style dataset by index: ``dataset[i]`` for each ``i`` in the batch."""
 
     def fetch(self, possibly_batched_index: Index) -> Any:
-        """Fetch every index in the batch, then collate; without auto_collation, fetch one item."""
+        """Fetch every index in the batch, then collate. Without auto_collation, fetch one item."""
         if not self.auto_collation:
             return self.collate_fn(self.dataset[possibly_batched_index])
-        # A dataset may fetch a whole batch at once (one database query, one slice of an array);
-        # setting __getitems__ = None switches that off, as in torch.
+        # A dataset may fetch a whole batch at once, with one database query or one slice of an array.
+        # Setting __getitems__ = None switches that off, as in torch.
         if getattr(self.dataset, "__getitems__", None):
             data = self.dataset.__getitems__(possibly_batched_index)
         else:
@@ -48,7 +48,7 @@ class _MapDatasetFetcher(_BaseDatasetFetcher):
 class _IterableDatasetFetcher(_BaseDatasetFetcher):
     """Fetches from an iterable-style dataset: the next ``len(batch)`` items of its iterator.
 
-    The indices themselves are ignored (the sampler yields ``None``); only their number counts.
+    The indices themselves are ignored, because the sampler yields ``None``. Only their number counts.
     """
 
     def __init__(
@@ -59,7 +59,7 @@ class _IterableDatasetFetcher(_BaseDatasetFetcher):
         self.ended = False  # the iterator is exhausted: every later fetch raises StopIteration
 
     def fetch(self, possibly_batched_index: Index) -> Any:
-        """Pull up to one batch of items and collate it; raise StopIteration when none are left."""
+        """Pull up to one batch of items and collate it. Raise StopIteration when none are left."""
         if self.ended:
             raise StopIteration
         if not self.auto_collation:

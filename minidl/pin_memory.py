@@ -1,8 +1,8 @@
 """Pinning: copy each batch into page-locked host memory, so host-to-device copies can be async.
 
 Mirrors ``torch/utils/data/_utils/pin_memory.py``. ``_pin_memory_loop`` runs in a thread of the
-main process (pinned memory belongs to the process that allocates it), between the workers'
-result queue and the consumer.
+main process, between the workers' result queue and the consumer. It is a thread because pinned memory
+belongs to the process that allocates it.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ def pin_memory(data: Any, device: str | None = None) -> Any:
 def _pin_memory_loop(in_queue, out_queue, done_event, device: str | None) -> None:
     """Move ``(idx, batch)`` pairs from ``in_queue`` to ``out_queue``, pinning each batch.
 
-    Order is kept (one thread, FIFO). Worker exceptions pass through untouched; a failure to
-    pin becomes an ``ExceptionWrapper`` for the consumer. Stops when ``done_event`` is set.
+    One thread and a FIFO queue keep the order. Worker exceptions pass through untouched. A failure to
+    pin becomes an ``ExceptionWrapper`` for the consumer. The loop stops when ``done_event`` is set.
     See NOTE [ Worker queues and shutdown ] in dataloader.py.
     """
     while not done_event.is_set():

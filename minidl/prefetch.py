@@ -3,7 +3,7 @@
 Mirrors timm's ``timm/data/loader.py`` (``PrefetchLoader`` and ``fast_collate``). Batches cross to
 the device as uint8, a quarter of float32's bytes, and become normalised floats there. Without CUDA
 the same steps run on the CPU, minus the streams. Unlike the core, this module imports torch at the
-top: ``import minidl`` does not import it, so only code that asks for a prefetcher pays for torch.
+top. ``import minidl`` does not import this module, so only code that asks for a prefetcher pays for torch.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ Batch = tuple[torch.Tensor, torch.Tensor]  # (images (N, C, H, W), targets (N,))
 def fast_collate(batch: Sequence[tuple[Any, int]], *, channels_last: bool = False) -> Batch:
     """Stack ``(image, target)`` samples into a uint8 ``(N, C, H, W)`` batch and int64 targets, never going to float.
 
-    Images are uint8 NumPy arrays or tensors, ``(C, H, W)`` or ``(H, W)``; with ``channels_last=True``
+    Images are uint8 NumPy arrays or tensors, ``(C, H, W)`` or ``(H, W)``. With ``channels_last=True``
     they are ``(H, W, C)``, as ``np.asarray(pil_image)`` gives them. Use it as a DataLoader's
     ``collate_fn`` (``functools.partial(fast_collate, channels_last=True)`` for the second kind).
-    ``channels_last`` is a minidl addition; timm's tuple-of-images samples are not supported.
+    ``channels_last`` is a minidl addition. timm's tuple-of-images samples are not supported.
 
     >>> images, targets = fast_collate([(np.full((2, 2, 3), i, np.uint8), i) for i in range(4)], channels_last=True)
     >>> images.shape, images.dtype, targets.tolist()
@@ -54,15 +54,15 @@ def _as_chw(image: np.ndarray | torch.Tensor, channels_last: bool) -> np.ndarray
 
 
 class PrefetchLoader:
-    """Wrap a loader of uint8 ``(images, targets)`` batches; yield them on ``device``, normalised, one batch ahead.
+    """Wrap a loader of uint8 ``(images, targets)`` batches, and yield them on ``device``, normalised, one ahead.
 
-    Each image becomes ``(x - mean * 255) / (std * 255)`` in ``img_dtype`` (float32 by default;
-    ``fp16=True`` means float16), then goes through ``random_erasing`` (a callable on the
-    normalised device batch), if given. The parameters come in timm's order; where timm differs:
-    ``random_erasing`` takes any callable instead of timm's ``re_prob``/``re_mode``/``re_count``/
-    ``re_num_splits``, a ``mean``/``std`` of the wrong length raises ``ValueError`` (timm averages
-    it with a warning), ``device="cuda"`` without CUDA falls back to the CPU, and there is no
-    ``mixup_enabled`` (timm's switch for its ``FastCollateMixup``, which minidl does not have).
+    Each image becomes ``(x - mean * 255) / (std * 255)`` in ``img_dtype``, float32 by default
+    (``fp16=True`` means float16). It then goes through ``random_erasing``, a callable on the
+    normalised device batch, if one is given. The parameters come in timm's order. minidl differs from timm
+    in four ways. ``random_erasing`` takes any callable instead of timm's ``re_prob``/``re_mode``/``re_count``/
+    ``re_num_splits``. A ``mean`` or ``std`` of the wrong length raises ``ValueError``, where timm averages
+    it with a warning. ``device="cuda"`` without CUDA falls back to the CPU. There is no ``mixup_enabled``,
+    timm's switch for its ``FastCollateMixup``, which minidl does not have.
     """
 
     def __init__(self, loader: Iterable[Batch], mean: float | Sequence[float] = IMAGENET_DEFAULT_MEAN,
@@ -72,13 +72,13 @@ class PrefetchLoader:
         device = torch.device(device)
         self.is_cuda = device.type == "cuda" and torch.cuda.is_available()
         if device.type == "cuda" and not self.is_cuda:
-            device = torch.device("cpu")  # no GPU here: the same steps, on the CPU
+            device = torch.device("cpu")  # with no GPU here, the same steps run on the CPU
         self.loader = loader
         self.device = device
         self.dtype = torch.float16 if fp16 else img_dtype or torch.float32  # fp16 wins, as in timm
         self.random_erasing = random_erasing
         shape = (1, channels, 1, 1)  # broadcasts over (N, C, H, W)
-        # The statistics are for images in [0, 1]; scaling them by 255 normalises raw uint8 values directly.
+        # The statistics are for images in [0, 1]. Scaled by 255, they normalise raw uint8 values directly.
         self.mean = torch.tensor([m * 255 for m in _per_channel(mean, channels)], device=device, dtype=self.dtype)
         self.std = torch.tensor([s * 255 for s in _per_channel(std, channels)], device=device, dtype=self.dtype)
         self.mean, self.std = self.mean.view(shape), self.std.view(shape)
@@ -91,12 +91,12 @@ class PrefetchLoader:
     #                                             \__ wait_stream ____> step(batch i+1)
     #
     # Each turn of the loop in __iter__:
-    #   1. Queue batch i+1's copy (non_blocking: the host does not wait for it) and its normalisation
-    #      on the side stream.
-    #   2. Yield batch i, queued one turn earlier; the consumer's step on it overlaps step 1 on the GPU.
-    #   3. When the consumer asks for more, make its stream wait for the side stream (so it never
-    #      reads batch i+1 half-written), and record_stream batch i+1 on it (see the comment there).
-    # Without CUDA there are no streams: the same code runs eagerly, one batch ahead all the same.
+    #   1. Queue batch i+1's copy and its normalisation on the side stream. The copy is non_blocking,
+    #      so the host does not wait for it.
+    #   2. Yield batch i, queued one turn earlier. The consumer's step on it overlaps step 1 on the GPU.
+    #   3. When the consumer asks for more, make its stream wait for the side stream, so that it never
+    #      reads batch i+1 half-written. Then record_stream batch i+1 on it (see the comment there).
+    # Without CUDA there are no streams. The same code runs eagerly, one batch ahead all the same.
 
     def __iter__(self) -> Iterator[Batch]:
         stream = torch.cuda.Stream(device=self.device) if self.is_cuda else None
@@ -137,7 +137,7 @@ class PrefetchLoader:
 
 
 def _per_channel(values: float | Sequence[float], channels: int) -> tuple[float, ...]:
-    """One statistic per channel: a single number is repeated, a sequence must have one per channel."""
+    """One statistic per channel. A single number is repeated, and a sequence must have one per channel."""
     if isinstance(values, int | float):
         return (float(values),) * channels
     if len(values) != channels:

@@ -1,9 +1,9 @@
 """Samplers: which dataset indices to visit, in what order, and how to group them into batches.
 
-Mirrors ``torch/utils/data/sampler.py``. A sampler only yields integers (or lists of them); it never
-touches the data. Random draws go through ``minidl._random`` so that, with torch installed and the
-same seed, every sampler yields exactly the order torch's does; without torch NumPy draws instead.
-A minidl addition: any ``generator=`` here may also be a ``numpy.random.Generator``.
+Mirrors ``torch/utils/data/sampler.py``. A sampler only yields integers, or lists of them. It never
+touches the data. Random draws go through ``minidl._random``. So with torch installed and the same seed,
+every sampler yields exactly the order torch's does. Without torch, NumPy draws instead.
+minidl adds one thing: any ``generator=`` here may also be a ``numpy.random.Generator``.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ Batch = list[int]  # one mini-batch of dataset indices
 
 
 class Sampler(Generic[T_co]):
-    """Base class for all samplers: ``__iter__`` yields indices (or batches of them).
+    """Base class for all samplers. ``__iter__`` yields indices, or batches of them.
 
-    Subclasses may add ``__len__``; there is deliberately no default (see torch's NOTE
+    Subclasses may add ``__len__``. There is deliberately no default (see torch's NOTE
     [ Lack of Default `__len__` in Python Abstract Base Classes ]).
     """
 
@@ -51,7 +51,7 @@ class SequentialSampler(Sampler[int]):
 
 
 class RandomSampler(Sampler[int]):
-    """Yields indices in random order: a shuffle, or ``num_samples`` draws with replacement.
+    """Yields indices in random order, as a shuffle or as ``num_samples`` draws with replacement.
 
     >>> sorted(RandomSampler(range(5), generator=make_generator(0)))
     [0, 1, 2, 3, 4]
@@ -72,7 +72,7 @@ class RandomSampler(Sampler[int]):
         self.generator = generator
         if not isinstance(replacement, bool):
             raise TypeError(f"replacement should be a boolean value, but got replacement={replacement}")
-        # As in torch, a bool passes here (True counts as 1); an empty dataset fails (num_samples=0).
+        # As in torch, a bool passes here, with True counted as 1. An empty dataset fails, with num_samples=0.
         if not isinstance(self.num_samples, int) or self.num_samples <= 0:
             raise ValueError(
                 f"num_samples should be a positive integer value, but got num_samples={self.num_samples}"
@@ -80,12 +80,12 @@ class RandomSampler(Sampler[int]):
 
     @property
     def num_samples(self) -> int:
-        # Read len() late: the dataset may grow or shrink between epochs.
+        # Read len() late, because the dataset may grow or shrink between epochs.
         return len(self.data_source) if self._num_samples is None else self._num_samples
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.data_source)
-        # No generator given: seed a fresh one from the global RNG, once per epoch, as torch does.
+        # With no generator given, seed a fresh one from the global RNG once per epoch, as torch does.
         generator = self.generator
         if generator is None:
             generator = make_generator(draw_seed(None))
@@ -97,7 +97,7 @@ class RandomSampler(Sampler[int]):
             yield from randint(n, self.num_samples % 32, generator)
         else:
             # Whole permutations, then the head of one more. torch draws that last permutation
-            # even when num_samples % n == 0; so do we, to keep a shared generator in step.
+            # even when num_samples % n == 0. So do we, to keep a shared generator in step.
             for _ in range(self.num_samples // n):
                 yield from randperm(n, generator)
             yield from randperm(n, generator)[: self.num_samples % n]
@@ -129,7 +129,7 @@ class WeightedRandomSampler(Sampler[int]):
     """Yields ``num_samples`` indices of ``weights``, each drawn with probability proportional to its weight.
 
     Unlike torch, bad ``weights`` (negative, infinite, NaN, or summing to 0) and a ``num_samples``
-    larger than ``len(weights)`` without replacement raise at construction, naming the argument;
+    larger than ``len(weights)`` without replacement raise at construction, naming the argument.
     torch raises the same ``RuntimeError`` type only when the sampler is first iterated. ``weights``
     is kept as a float64 NumPy array, where torch keeps a float64 tensor.
 
@@ -152,13 +152,13 @@ class WeightedRandomSampler(Sampler[int]):
             raise ValueError(f"replacement should be a boolean value, but got replacement={replacement}")
         try:
             weights_array = np.asarray(weights, dtype=np.float64)
-        except ValueError as e:  # ragged lists, strings: torch raises ValueError too
+        except ValueError as e:  # torch raises ValueError too, for ragged lists and strings
             raise ValueError(f"weights should be a 1d sequence of numbers: {e}") from e
         if weights_array.ndim != 1:
             raise ValueError(
                 f"weights should be a 1d sequence but given weights have shape {weights_array.shape}"
             )
-        # torch only finds bad weights when torch.multinomial runs, at iteration: see the docstring.
+        # torch only finds bad weights when torch.multinomial runs, at iteration (see the docstring).
         bad = np.flatnonzero(~np.isfinite(weights_array) | (weights_array < 0))
         if bad.size:
             i = int(bad[0])
@@ -211,7 +211,7 @@ class BatchSampler(Sampler[Batch]):
             if len(batch) == self.batch_size:
                 yield batch
                 batch = []
-        # What is left is one short batch: kept unless drop_last asks to drop it.
+        # What is left is one short batch. It is kept unless drop_last asks to drop it.
         if batch and not self.drop_last:
             yield batch
 

@@ -1,9 +1,9 @@
 """Resuming mid-epoch: ``DataLoader(stateful=True)``'s ``state_dict()`` and ``load_state_dict()``.
 
-PyTorch's DataLoader has no ``state_dict``; torchdata's ``StatefulDataLoader`` adds one, and this layer
-follows its contracts (``snapshot_every_n_steps``, a JSON-safe state). It plugs in as tracing does:
+PyTorch's DataLoader has no ``state_dict``. torchdata's ``StatefulDataLoader`` adds one, and this layer
+follows its contracts (``snapshot_every_n_steps``, a JSON-safe state). It plugs in as tracing does.
 ``DataLoader._get_iterator`` puts this module's iterator subclasses on top of the loader's own, and each
-worker gets its side through ``_WorkerOptions``. With ``stateful=False`` none of this runs.
+worker gets its side in ``_WorkerOptions.layers``. With ``stateful=False`` none of this runs.
 
 What it promises. A loader built like the one that saved the state, given ``load_state_dict(state)``,
 hands out exactly the batches the uninterrupted loader would have handed out after the save, in the same

@@ -30,21 +30,23 @@ from minidl._utils import ExceptionWrapper, now
 from minidl.fetch import _DatasetKind, _IterableDatasetFetcher, _MapDatasetFetcher
 from minidl.worker import _IterableDatasetStopIteration, ship, unship
 
-# The steps of a batch's life, in the order they happen. Spans have a duration; the others are
-# instants (start == end).
+# The steps of a batch's life, in the order they happen. Spans have a duration. The others are
+# instants, with start == end.
 # "reorder_block" is a span of the consumer's wait during which a later batch was already ready.
 SPANS = ("getitem", "fetch", "collate", "pickle", "reorder", "reorder_block", "pin", "wait", "consumer")
 STEPS = ("send", "fetch", "getitem", "collate", "pickle", "put", "receive", "reorder", "reorder_block", "pin",
          "wait", "yield", "consumer")
 
 
-# An event is recorded as a flat tuple of numbers and strings, in the order of FIELDS: cheap to
-# build and to pickle, and, unlike a dict, not tracked by the garbage collector, so thousands of
-# them don't make every collection slower. Trace.rows() turns them into dicts for reading.
-# A batch's samples are one record, "getitems": ``index`` holds the batch's indices and ``stamps`` the
-# clock read before the first sample and after each one; Trace.events expands it into a "getitem" span
-# per sample. One record instead of one per sample is what keeps tracing cheap with process workers,
-# which pickle the events with every batch (its two lists are the only objects the collector tracks).
+# An event is recorded as a flat tuple of numbers and strings, in the order of FIELDS.
+# A tuple is cheap to build and to pickle.
+# Unlike a dict, it is not tracked by the garbage collector, so thousands of them don't slow every collection.
+# Trace.rows() turns them into dicts for reading.
+# A batch's samples are one record, "getitems". Its ``index`` holds the batch's indices.
+# Its ``stamps`` hold the clock read before the first sample and after each one.
+# Trace.events expands the record into one "getitem" span per sample.
+# One record per batch keeps tracing cheap with process workers, which pickle the events with every batch.
+# The record's two lists are the only objects in it that the collector tracks.
 FIELDS = ("event", "lane", "batch", "start", "end", "pid", "tid", "index", "cpu", "worker", "waited_since",
           "stamps")
 

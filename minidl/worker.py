@@ -1,8 +1,9 @@
 """The worker loop: what each DataLoader worker runs, in a process or in a thread.
 
-Mirrors ``torch/utils/data/_utils/worker.py``; what thread workers need besides lives in minidl/_thread_workers.py.
-Everything here lives at module top level so it can be pickled by reference under the ``spawn``
-and ``forkserver`` start methods: a worker can only run what it can import.
+Mirrors ``torch/utils/data/_utils/worker.py``, in torch's order. A thread worker seeds itself, keeps its
+WorkerInfo and watches its parent in its own way: ``_InThread`` in minidl/_thread_workers.py does those steps,
+handed to the loop in ``_WorkerOptions``. Everything here lives at module top level, so that ``spawn`` and
+``forkserver`` can pickle it by reference: a worker can only run what it can import.
 """
 
 from __future__ import annotations
@@ -11,32 +12,39 @@ import os
 import queue
 import random
 import sys
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from minidl import _random
-from minidl._thread_workers import _own_streams, _tell_torch, _thread_local, _ThreadWatchdog, _untell_torch
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 from minidl.fetch import _DatasetKind
 
+# >>> thread workers: a thread worker's WorkerInfo lives here (minidl/_thread_workers.py), as threads share the
+# module global below
+_thread_local = threading.local()
+# <<< thread workers
 
-@dataclass(frozen=True, slots=True)
-class _RNG:
-    """A thread worker's own random streams, as torch 2.13's ``_RNG``: threads share the global ones.
 
-    torch 2.13 defines this container but starts no thread workers itself.
-    """
+class ManagerWatchdog:
+    """Lets a process worker notice that the main process died: the worker then has a new parent."""
 
-    random_generator: random.Random
-    torch_generator: Any  # a torch.Generator, or None where torch is not installed
-    numpy_generator: np.random.Generator | None = None
+    def __init__(self) -> None:
+        self.manager_pid = os.getppid()
+
+    def is_alive(self) -> bool:
+        return os.getppid() == self.manager_pid
+
+
+# The WorkerInfo of the worker this process is. It stays None in the main process.
+_worker_info: WorkerInfo | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
-    """What a worker knows about itself; ``get_worker_info()`` returns it inside a worker."""
+    """What a worker knows about itself. ``get_worker_info()`` returns it inside a worker."""
 
     id: int
     num_workers: int
@@ -46,14 +54,14 @@ class WorkerInfo:
     worker_method: str | None = "multiprocessing"  # or "thread"
 
 
-# A process worker sets the module global; a thread worker shares the module with the main
-# thread and its sibling workers, so it keeps its WorkerInfo in thread-local storage (_thread_local) instead.
-_worker_info: WorkerInfo | None = None
-
-
 def get_worker_info() -> WorkerInfo | None:
-    """The current worker's ``WorkerInfo``, or ``None`` in the main process (as in torch)."""
-    return getattr(_thread_local, "info", None) or _worker_info
+    """The current worker's ``WorkerInfo``, or ``None`` in the main process, as in torch."""
+    # >>> thread workers: a thread worker's own info comes first, because threads share the module global
+    info = getattr(_thread_local, "info", None)
+    if info is not None:
+        return info
+    # <<< thread workers
+    return _worker_info
 
 
 @dataclass(frozen=True)
@@ -65,29 +73,31 @@ class _IterableDatasetStopIteration:
 
 @dataclass(frozen=True)
 class _ResumeIteration:
-    """Sent to persistent workers at the start of each new epoch; echoed back as an ack.
+    """Sent to persistent workers at the start of each new epoch. A worker echoes it back as an ack.
 
-    ``seed`` is the epoch's shared seed when the dataset is an IterDataPipe (torch's ``_ResumeIteration(seed)``).
+    ``seed`` is the epoch's shared seed when the dataset is an IterDataPipe, as in torch's ``_ResumeIteration(seed)``.
     """
 
     seed: int | None = None
 
 
-class ManagerWatchdog:
-    """Lets a process worker notice that the main process died (it is re-parented)."""
+@dataclass(frozen=True, slots=True)
+class _RNG:
+    """A thread worker's own random streams, as torch 2.13's ``_RNG``. Threads share the global ones.
 
-    def __init__(self) -> None:
-        self.manager_pid = os.getppid()
+    torch 2.13 defines this container but starts no thread workers itself.
+    """
 
-    def is_alive(self) -> bool:
-        return os.getppid() == self.manager_pid
+    random_generator: random.Random
+    torch_generator: Any  # a torch.Generator, or None where torch is not installed
+    numpy_generator: np.random.Generator | None = None
 
 
 def _generate_state(base_seed: int, worker_id: int) -> list[int]:
-    """Four 32-bit words seeding a worker's NumPy RNG from (base_seed, worker_id), as torch does.
+    """Four 32-bit words that seed a worker's NumPy stream from ``(base_seed, worker_id)``, as torch computes them.
 
-    An avalanche hash (the SeedSequence construction) so neighbouring worker ids get unrelated
-    streams; torch computes exactly this, so NumPy draws in workers match torch's.
+    It is NumPy's SeedSequence hash. Neighbouring worker ids get unrelated streams, and the NumPy draws in
+    minidl's workers match those in torch's.
     """
     mask32 = 0xFFFFFFFF
     entropy = [worker_id, base_seed & mask32, base_seed >> 32, 0]
@@ -120,45 +130,65 @@ def _generate_state(base_seed: int, worker_id: int) -> list[int]:
     return state
 
 
-def _seed_worker(base_seed: int, worker_id: int, worker_method: str) -> tuple[int, _RNG | None]:
-    """Seed this worker's random streams; return its seed and, for a thread worker, its own ``_RNG``.
+# What minidl passes to _worker_loop besides torch's arguments comes last, in one _WorkerOptions.
+class _InProcess:
+    """A worker in a process of its own, as every torch worker is. torch's loop does these steps inline.
 
-    A process worker owns its interpreter, so it seeds the global ``random``, torch and NumPy
-    streams exactly as torch does. Thread workers share those globals with each other and the
-    main thread, so they leave them alone: each gets its own three generators, seeded from the same
-    numbers (``seed`` for ``random`` and torch, the four words of ``_generate_state`` for NumPy).
+    ``_InThread`` in minidl/_thread_workers.py has the same members, for a worker in a thread.
     """
-    seed = base_seed + worker_id
-    np_state = _generate_state(base_seed, worker_id)
-    # >>> thread workers (minidl/_thread_workers.py): threads share the global streams, so each gets its own
-    if worker_method == "thread":
-        return seed, _RNG(*_own_streams(seed, np_state))
-    # <<< thread workers
-    random.seed(seed)
-    np.random.seed(np_state)
-    if _random.HAS_TORCH:
-        import torch
 
-        torch.set_num_threads(1)  # N workers x all cores of intra-op threads would oversubscribe
-        torch.manual_seed(seed)
-    return seed, None
+    worker_method = "multiprocessing"  # WorkerInfo.worker_method
+    kind = "process"  # ExceptionWrapper's words: "in DataLoader worker process 0"
+    watchdog = ManagerWatchdog
+
+    @staticmethod
+    def seed(base_seed: int, worker_id: int) -> tuple[int, _RNG | None]:
+        """Seed the process's global ``random``, NumPy and torch streams as torch does, and return the seed."""
+        seed = base_seed + worker_id
+        random.seed(seed)
+        np.random.seed(_generate_state(base_seed, worker_id))
+        if _random.HAS_TORCH:
+            import torch
+
+            torch.set_num_threads(1)  # each worker uses one core for torch's operations, not all of them
+            torch.manual_seed(seed)
+        return seed, None
+
+    @staticmethod
+    def set_worker_info(info: WorkerInfo) -> None:
+        """Keep ``info`` in the module global, and in torch's too when torch is imported.
+
+        A dataset written for torch calls torch's ``get_worker_info()``; with this, it shards itself here as well.
+        """
+        global _worker_info
+        _worker_info = info
+        torch_worker = sys.modules.get("torch.utils.data._utils.worker")
+        if torch_worker is not None:
+            torch_worker._worker_info = torch_worker.WorkerInfo(
+                id=info.id, num_workers=info.num_workers, seed=info.seed, dataset=info.dataset
+            )
+
+    @staticmethod
+    def leave() -> None:
+        """Nothing to undo: the process ends when its loop does."""
 
 
 @dataclass(frozen=True)
 class _WorkerOptions:
-    """What minidl's worker takes beyond torch's arguments, passed after them as ``_worker_loop``'s ``options``."""
+    """What minidl's worker takes beyond torch's arguments. It comes last, as ``_worker_loop``'s ``options``."""
 
-    worker_method: str = "multiprocessing"  # or "thread" (minidl/_thread_workers.py)
+    runs_in: type = _InProcess  # or _InThread (minidl/_thread_workers.py)
     # >>> layer: shared by tracing and resume (see the block above _worker_loop)
     layers: tuple = ()  # the worker sides of the layers the iterator chose
     # <<< layer: shared
 
 
-# >>> DataPipes: torch's forward compatibility (an IterDataPipe graph as the dataset). Each worker's copy of the
-# graph is seeded from the one shared_seed the main process drew, so every worker shuffles the same way before
-# its sharding_filter keeps its own share; a persistent worker is re-seeded by each epoch's _ResumeIteration.
+# >>> DataPipes: torch's forward compatibility, where the dataset is an IterDataPipe graph.
+# The main process draws one shared_seed, and each worker seeds its copy of the graph with it.
+# So every worker shuffles the same way before its sharding_filter keeps its own share.
+# Each epoch's _ResumeIteration brings a persistent worker the new epoch's seed.
 def _is_iter_datapipe(dataset) -> bool:
-    torch_data = sys.modules.get("torch.utils.data")  # no torch imported: nothing can be a datapipe
+    torch_data = sys.modules.get("torch.utils.data")  # without torch imported, nothing can be a datapipe
     return torch_data is not None and isinstance(dataset, torch_data.IterDataPipe)
 
 
@@ -176,14 +206,14 @@ def _apply_shared_seed(datapipe, shared_seed: int):
 # >>> layer: shared by tracing and resume.
 # A layer's worker side comes in _WorkerOptions.layers. The worker calls it as layer(worker_id, index_queue,
 # data_queue, create_fetcher), and it returns the three to use instead: wrapped queues and a fetcher factory.
-# It is a module-level class, so spawn can pickle it; the loop never names a layer.
+# It is a module-level class, so that spawn can pickle it. The loop never names a layer.
 # What a layer records travels with the worker's message (ship). That layer's _get_data takes it off in the main
 # process (unship).
 def ship(r: tuple, key: str, value) -> tuple:
     """A layer's worker side sends ``value`` with the message ``r`` = ``(idx, data)``.
 
-    It rides in the idx slot, as ``(idx, {layer: value, ...})``: the pin-memory thread passes idx on
-    untouched, and a message no layer added to stays torch's ``(idx, data)``.
+    It rides in the idx slot, as ``(idx, {layer: value, ...})``, because the pin-memory thread passes idx on
+    untouched. A message that no layer added to stays torch's ``(idx, data)``.
     """
     idx, data = r
     idx, extras = idx if isinstance(idx, tuple) else (idx, {})
@@ -192,7 +222,7 @@ def ship(r: tuple, key: str, value) -> tuple:
 
 
 def unship(r: tuple, key: str) -> tuple:
-    """In the main process: ``(r without this layer's value, idx, the value or None)``."""
+    """Take this layer's value off ``r`` in the main process: ``(r without it, idx, the value or None)``."""
     idx, data = r
     if not isinstance(idx, tuple):
         return r, idx, None
@@ -222,27 +252,20 @@ def _worker_loop(
     """Fetch batches for the tasks on ``index_queue`` and put the results on ``data_queue``.
 
     See NOTE [ Worker queues and shutdown ] in dataloader.py for the protocol. A task is
-    ``(task_idx, indices)``; the answer is ``(task_idx, batch)``, where batch may be an
+    ``(task_idx, indices)``. The answer is ``(task_idx, batch)``, where batch may also be an
     ``ExceptionWrapper`` or, for an exhausted IterableDataset, ``_IterableDatasetStopIteration``.
     The arguments are torch's, in torch's order. ``options`` (a ``_WorkerOptions``) holds what minidl adds.
     """
-    global _worker_info
     options = options or _WorkerOptions()
-    in_thread = options.worker_method == "thread"
-    where = f"in DataLoader worker {'thread' if in_thread else 'process'} {worker_id}"  # ExceptionWrapper's words
-    told_torch = False  # whether this worker swapped torch's get_worker_info (see minidl/_thread_workers.py)
+    runs_in = options.runs_in  # _InProcess, or _InThread for a thread worker
+    where = f"in DataLoader worker {runs_in.kind} {worker_id}"  # ExceptionWrapper's words
     try:
-        seed, rng = _seed_worker(base_seed, worker_id, options.worker_method)
+        seed, rng = runs_in.seed(base_seed, worker_id)
         if _is_iter_datapipe(dataset):  # see the DataPipes block
             if shared_seed is None:
                 raise AssertionError("shared_seed must be provided for IterDataPipe workers")  # torch's words
             dataset = _apply_shared_seed(dataset, shared_seed)
-        info = WorkerInfo(worker_id, num_workers, seed, dataset, rng, options.worker_method)
-        if in_thread:
-            _thread_local.info = info
-        else:
-            _worker_info = info
-        told_torch = _tell_torch(info)
+        runs_in.set_worker_info(WorkerInfo(worker_id, num_workers, seed, dataset, rng, runs_in.worker_method))
 
         create_fetcher = _DatasetKind.create_fetcher
         # >>> layer: shared by tracing and resume
@@ -250,8 +273,8 @@ def _worker_loop(
             index_queue, data_queue, create_fetcher = layer(worker_id, index_queue, data_queue, create_fetcher)
         # <<< layer: shared
 
-        # An error in worker_init_fn or building the fetcher is reported on the first task,
-        # so it surfaces in the main process as a normal exception, not a dead worker.
+        # An error in worker_init_fn or in building the fetcher is sent as the answer to the first task.
+        # The main process then raises it like any other error, instead of finding a dead worker.
         init_exception = None
         fetcher = None
         try:
@@ -262,16 +285,16 @@ def _worker_loop(
             init_exception = ExceptionWrapper(where=where)
 
         iteration_end = False  # this worker's IterableDataset replica has run out
-        watchdog = _ThreadWatchdog() if in_thread else ManagerWatchdog()
+        watchdog = runs_in.watchdog()
         while watchdog.is_alive():
             try:
                 r = index_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)
             except queue.Empty:
                 if done_event.is_set():
-                    break  # shutting down, and the sentinel was lost (its queue closed at GC): leave anyway
+                    break  # shutting down, and the sentinel was lost when its queue closed at GC: leave anyway
                 continue
             if isinstance(r, _ResumeIteration):
-                data_queue.put((r, None))  # ack, so the main process knows the epoch starts clean
+                data_queue.put((r, None))  # the ack tells the main process that the new epoch starts clean
                 iteration_end = False
                 if _is_iter_datapipe(dataset):  # the new epoch's shared seed rides on the message
                     if r.seed is None:
@@ -279,7 +302,7 @@ def _worker_loop(
                     dataset = _apply_shared_seed(dataset, r.seed)
                 fetcher = create_fetcher(dataset_kind, dataset, auto_collation, collate_fn, drop_last)
                 continue
-            if r is None:  # the sentinel: shutdown, or this worker is no longer needed
+            if r is None:  # the sentinel: the loader shuts down, or needs this worker no more
                 if done_event.is_set() or iteration_end:
                     break
                 raise AssertionError("a worker got the sentinel while it still had work")
@@ -300,15 +323,12 @@ def _worker_loop(
                 except Exception:
                     data = ExceptionWrapper(where=where)
             data_queue.put((idx, data))
-            del data, idx, index, r  # drop references now: a batch may be large
+            del data, idx, index, r  # drop the references now, because a batch may be large
     except KeyboardInterrupt:
-        pass  # the main process decides what Ctrl-C means; the worker just exits quietly
+        pass  # the main process decides what Ctrl-C means, so the worker just exits quietly
     finally:
-        if in_thread:
-            _thread_local.info = None
-        if told_torch:
-            _untell_torch()
-    if done_event.is_set() and not in_thread:
-        # Don't wait at exit for the feeder thread to flush results nobody will read.
+        runs_in.leave()
+    if done_event.is_set():
+        # Don't wait at exit for the feeder thread to flush results that nobody will read.
         data_queue.cancel_join_thread()
         data_queue.close()

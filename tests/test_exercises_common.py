@@ -126,11 +126,12 @@ def pads_with_minidl(batch):
 
 
 def wraps_minidls_worker_loop(dataset, index_queue, result_queue, collate_fn):
+    from minidl._thread_workers import _InThread
     from minidl.fetch import _DatasetKind
     from minidl.worker import _worker_loop, _WorkerOptions
 
     _worker_loop(_DatasetKind.Map, dataset, index_queue, result_queue, threading.Event(), True, collate_fn, False, 0,
-                 None, 0, 1, False, None, _WorkerOptions(worker_method="thread"))
+                 None, 0, 1, False, None, _WorkerOptions(runs_in=_InThread))
 
 
 def wraps_prefetch_loader(loader, mean, std):

@@ -49,12 +49,12 @@ def as_worker(info: Any) -> Iterator[None]:
     import torch
     import torch.utils.data._utils.worker as torch_worker
 
-    from minidl.worker import _seed_worker
+    from minidl.worker import _InProcess
 
     saved = torch_worker._worker_info, random.getstate(), np.random.get_state(), torch.get_rng_state()
     threads, torch_worker._worker_info = torch.get_num_threads(), info
     try:
-        _seed_worker(info.seed - info.id, info.id, "multiprocessing")  # from the base seed, as torch does
+        _InProcess.seed(info.seed - info.id, info.id)  # from the base seed, as torch does
         yield
     finally:
         torch_worker._worker_info = saved[0]
