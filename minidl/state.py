@@ -53,18 +53,21 @@ from minidl.worker import (
 
 # NOTE [ Resuming mid-epoch ]
 #
-# Three things decide the rest of an epoch, and a LoaderState saves each:
-#   1. the random draws made as the epoch starts (base_seed, the sampler's permutation): the generators'
-#      states from just before them are kept, and on resume the same draws are made again (`replaying`);
-#   2. how far the consumer got, tasks_done: the resumed sampler skips that many index batches unfetched,
-#      and round-robin dispatch goes on with next_worker, the worker the next batch was sent to. Out of
-#      order (in_order=False) the consumer may also have had batches past tasks_done: done_ahead lists
-#      them, and the resumed loader skips them as well, so no batch comes twice and none is lost;
-#   3. each worker's WorkerState (its random streams, its dataset's own state_dict(), whether an
-#      IterableDataset replica ran out) just after the last of its batches the consumer has had.
+# Three things decide the rest of an epoch. A LoaderState saves each of them:
+#   1. The random draws made as the epoch starts: base_seed and the sampler's permutation.
+#      The state keeps the generators as they were just before those draws.
+#      On resume, the same draws are made again from there (`replaying`).
+#   2. How far the consumer got: tasks_done, the number of index batches it has had.
+#      The resumed sampler skips that many index batches without fetching them.
+#      Round-robin dispatch goes on with next_worker, the worker the next batch was sent to.
+#      Out of order (in_order=False), the consumer may also have had batches past tasks_done.
+#      done_ahead lists them, and the resumed loader skips them too: no batch comes twice, none is lost.
+#   3. Each worker's WorkerState: its random streams, its dataset's own state_dict(), and whether its
+#      IterableDataset replica ran out. It is the state just after the last of its batches the consumer had.
 #
-# Workers prefetch, so a worker's state now is ahead of the consumer. Instead, its state rides with its
-# batches, as tracing's events do, and is filed when the consumer takes that batch:
+# Workers prefetch, so a worker's state right now is ahead of the consumer.
+# So a worker's state rides with its batches, as tracing's events do.
+# The main process files it when the consumer takes that batch:
 #
 #   worker i (_StatefulResultQueue.put)                 main process (_StatefulMultiIter)
 #   -----------------------------------                 ---------------------------------
@@ -74,25 +77,31 @@ from minidl.worker import (
 #                                                       _process_data(batch, i): _worker_states[i] = the
 #                                                       state that came with the batch handed out
 #
-# A worker whose streams and `ended` are as they were in the last state it sent ships its id instead, and the
-# main process takes the state it last received from that worker (_last_sent). A dataset that draws nothing then
-# adds a few bytes to each batch, not the three streams' full states. Whether the streams moved is read every
-# batch, so it is read cheaply: each stream's fingerprint (_fingerprints), not its JSON-safe state.
+# Often a worker's state has not changed since it last sent one (a dataset that draws no random numbers).
+# Then the worker ships only its id, and the main process reuses the state it last got from it (_last_sent).
+# That costs a few bytes a batch instead of three streams' full states.
+# The worker checks every batch whether its streams moved, so the check must be cheap.
+# It compares each stream's fingerprint (_fingerprints), not its JSON-safe state.
 #
-# state_dict() reads _worker_states and never talks to a worker. A worker ships its state with every task
-# only when snapshot_every_n_steps=1 (torchdata's name and default); with n > 1 it ships it with the tasks
-# just before every n-th one, where the loader keeps a snapshot. Between snapshots some workers' states are
-# behind (`stale`): state_dict() then saves the last snapshot and how many tasks were handed out since
-# (batches, and errors the consumer caught), and the resumed loader fetches those again and drops them
-# (`replay`), errors included, as torchdata does. Out of order, which batches a replay drops is down to
-# timing, so there every batch carries its worker's state (n = 1); a stateless IterableDataset, which has no
-# state to carry, is replayed per worker instead (`replay_in_workers`: each drops what the consumer had from it).
+# state_dict() reads _worker_states. It never talks to a worker.
+# With snapshot_every_n_steps=1 (torchdata's name and default), a worker ships its state with every task.
+# With n > 1, it ships it only with the tasks just before every n-th one. The loader keeps a snapshot there.
+# Between snapshots, some workers' known states are behind (`stale`).
+# state_dict() then saves the last snapshot and how many tasks were handed out since it.
+# Those tasks are batches and the errors the consumer caught.
+# The resumed loader fetches them again and drops them (`replay`), errors included, as torchdata does.
+# Out of order, which batches a replay would drop depends on timing.
+# So out of order, every batch carries its worker's state (n = 1).
+# A stateless IterableDataset has no state to carry. Out of order it is replayed per worker instead
+# (`replay_in_workers`): each worker drops the batches the consumer had from it.
 #
-# load_state_dict() -> the next iterator: replays the draws (1), skips and dispatches on (2) at its first
-# _try_put_index, and gives worker i its saved WorkerState, restored after worker_init_fn (which may reseed)
-# when the worker makes its first fetcher. A worker whose replica had run out gets a fetcher that has ended.
-# With num_workers=0 the main process's own streams and dataset are the one WorkerState (LoaderState.main),
-# and tasks_done counts the index batches drawn, so a batch whose fetch raised is not fetched again.
+# What load_state_dict() sets up for the next iterator:
+#   * it replays the opening draws (1);
+#   * at its first _try_put_index, it skips what was had and dispatches on (2);
+#   * worker i gets its saved WorkerState (3). The worker restores it when it makes its first fetcher,
+#     after worker_init_fn, which may reseed. A worker whose replica had run out gets a fetcher that has ended.
+# With num_workers=0, the main process's own streams and dataset are the one WorkerState (LoaderState.main).
+# There tasks_done counts the index batches drawn, so a batch whose fetch raised is not fetched again.
 
 STATE_VERSION = 5
 
@@ -185,8 +194,10 @@ def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
 
 
 def _fingerprints(rng) -> tuple:
-    """What tells whether a worker's streams moved since it last sent its state: equal fingerprints, equal states.
-    Read every batch, so each is the cheapest exact read of its stream (see _fingerprint)."""
+    """A cheap, exact summary of a worker's streams: equal fingerprints mean the streams have not moved.
+
+    It is read after every batch, so each stream is read the cheapest exact way (see ``_fingerprint``).
+    """
     return tuple(_fingerprint(g) for g in _streams(rng))
 
 
@@ -194,20 +205,21 @@ def _fingerprint(g) -> Any:
     if g is None:
         return None
     if isinstance(g, random.Random):
-        return g.getstate()  # its 624 words and position, copied out (~10 µs): Python offers no cheaper read
+        return g.getstate()  # its 624 words and its position; Python offers no cheaper exact read
     if isinstance(g, np.random.RandomState):  # NumPy's global generator (the normal it may cache: see _caches_normal)
         return _bit_generator_fingerprint(g._bit_generator)
     if isinstance(g, np.random.Generator):
         return _bit_generator_fingerprint(g.bit_generator)
-    return g.get_state().numpy().tobytes()  # a torch.Generator (~2 µs)
+    return g.get_state().numpy().tobytes()  # a torch.Generator
 
 
 def _bit_generator_fingerprint(bg) -> Any:
     if isinstance(bg, np.random.MT19937) and _mt19937_readable():
-        # MT19937's `state` copies its 624 words into an array one at a time (~30 µs). The struct behind its
-        # ctypes interface holds the same words, then the position: 2,500 bytes, read at once (~0.5 µs).
+        # MT19937's `state` property copies its 624 words out one at a time, which is slow.
+        # The C struct behind its ctypes interface holds the same words, then the position.
+        # Reading those bytes in one go is much cheaper, and just as exact.
         return ctypes.string_at(bg.ctypes.state_address, _MT19937_BYTES)
-    return pickle.dumps(bg.state)  # exact for any bit generator's state, arrays included (PCG64: ~2 µs)
+    return pickle.dumps(bg.state)  # exact for any bit generator's state, arrays included
 
 
 _MT19937_BYTES = 624 * 4 + 4  # uint32_t key[624]; int pos
