@@ -70,12 +70,13 @@ def _is_iterable_dataset(dataset) -> bool:
     return torch_data is not None and isinstance(dataset, torch_data.IterableDataset)
 
 
-# >>> DataPipes: torch's forward compatibility, so the classic DataLoader runs an IterDataPipe or MapDataPipe graph
-# (torch.utils.data.datapipes). The graph's own shufflers and sharding_filter do the work. The loader only sets them:
-#   DataLoader.__init__   wraps the graph so that it pickles (_DataPipeSerializationWrapper).
-#                         shuffle= turns its shufflers on or off. Other IterableDatasets refuse shuffle=.
+# >>> DataPipes: torch's classic DataLoader also runs an IterDataPipe or MapDataPipe graph
+# (torch.utils.data.datapipes), for forward compatibility, and so does this one.
+# The graph's own shufflers and sharding_filter do the work. The loader only switches them on and feeds them:
+#   DataLoader.__init__   wraps the graph so that it can be pickled (_DataPipeSerializationWrapper).
+#                         shuffle= turns the graph's shufflers on or off. Other IterableDatasets refuse shuffle=.
 #   each iterator/epoch   draws one shared seed from loader.generator, BEFORE base_seed (_share_dist_seed).
-#                         It seeds the graph's random datapipes with it. Workers re-seed their copy with the same seed.
+#                         That seed seeds the graph's random datapipes. Workers reseed their copy with the same seed.
 #   then                  shards the graph: over the ranks in the main process, over workers x ranks in workers.
 def _is_datapipe(dataset) -> bool:
     torch_data = sys.modules.get("torch.utils.data")  # without torch imported, nothing can be a datapipe
@@ -620,52 +621,56 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     _task_info reorder buffer <--- worker_result_queue <--- (send_idx, batch)
     #     [pin_memory_thread: worker_result_queue -> pin -> data_queue, when pinning]
     #
-    # Bookkeeping: task k is sent with _send_idx == k; _task_info[k] is (worker,) while in flight
-    # and (worker, batch) once it arrived early (in turn, it is handed back at once);
-    # _rcvd_idx is the next task to hand back. At most prefetch_factor * num_workers tasks are in
-    # flight; each batch handed back frees one slot.
+    # Bookkeeping:
+    #   * task k is sent with _send_idx == k;
+    #   * _task_info[k] is (worker,) while task k is in flight, and (worker, batch) once it has arrived early;
+    #   * _rcvd_idx is the next task to hand back. An early batch waits in _task_info until its turn.
+    # At most prefetch_factor * num_workers tasks are in flight. Each batch handed back frees one slot.
     #
-    # Shutdown protocol (_shutdown_workers), run on exhaustion, error, `del`, GC or exit:
-    #   1. Mark the iterator shut down, so it runs once.
-    #   2. Stop the pin-memory thread: set its done event, wake it with a dummy, join it.
-    #   3. Set workers_done_event: workers stop fetching and only drain their index queue.
-    #   4. Put the None sentinel on every index queue: each worker leaves its loop on it.
-    #   5. Join each worker for a bounded time; close the index queues without waiting for
-    #      their feeder threads (cancel_join_thread), since nobody will read what is left.
-    #   6. Terminate any process worker still alive (stuck in user code) and join it, so no
-    #      worker outlives the iterator. Thread workers cannot be killed: they are daemons, and
-    #      a thread stuck in a slow __getitem__ exits as soon as it returns to the loop.
+    # Shutdown protocol (_shutdown_workers). It runs on exhaustion, on an error, on `del`, on GC or at exit:
+    #   1. Mark the iterator shut down, so the protocol runs only once.
+    #   2. Stop the pin-memory thread: set its done event, wake it with a dummy item, join it.
+    #   3. Set workers_done_event. Workers stop fetching and only drain their index queue.
+    #   4. Put the None sentinel on every index queue. Each worker leaves its loop when it reads it.
+    #   5. Join each worker for a bounded time. Close the index queues without waiting for their
+    #      feeder threads (cancel_join_thread): nobody will read what is left in them.
+    #   6. Terminate any process worker still alive (stuck in user code) and join it, so no worker
+    #      outlives the iterator. A thread worker cannot be killed. It is a daemon, and a thread stuck
+    #      in a slow __getitem__ exits as soon as it gets back to the loop.
     #
-    # Failures surface in the main process rather than hanging it:
-    #   * an exception in a worker travels as an ExceptionWrapper and is re-raised by type;
-    #   * a dead worker process (os._exit, SIGKILL, a segfault, the OOM killer) is reported as a
-    #     RuntimeError naming its pid and how it ended (exit code or signal), in three ways:
-    #     - at once: for process workers started from the main thread, a SIGCHLD handler
-    #       (_utils._set_SIGCHLD_handler, as torch's) looks at the registered worker pids whenever
-    #       a child ends and raises if one of ours ended badly;
-    #     - on a failed read: a worker that dies right after putting a batch leaves a handle to
-    #       shared memory nobody can open, and the read fails (EOFError, ConnectionResetError).
-    #       torch checks its workers then, but a worker not yet reaped still looks alive, and the
-    #       raw error escapes (scripts/fault_loop.py counts how often; results/README.md has a count).
-    #       minidl joins its workers briefly first, so the dead one is seen and named every time;
-    #     - while waiting: every MP_STATUS_CHECK_INTERVAL seconds the main process checks them.
-    #     The iterator then shuts down and raises the same error on every later next(): its
-    #     epoch can't finish, and must not end as if complete;
-    #   * a failed read while this process is out of file descriptors (EMFILE: every batch from a
-    #     process worker holds one) says so: raise `ulimit -n`, or use the 'file_system' sharing
-    #     strategy (torch.multiprocessing.set_sharing_strategy), which holds none;
-    #   * with timeout > 0, a batch that takes longer raises RuntimeError naming the timeout; as in
-    #     torch the iterator lives on, and the next next() serves the rest of the epoch;
-    #   * a process worker polls for its parent, and exits if the main process died.
+    # A failure surfaces in the main process as an exception. It never leaves the main process hanging:
+    #   * An exception in a worker travels to the main process as an ExceptionWrapper.
+    #     The main process raises it again, with the same type.
+    #   * A worker process may die (os._exit, SIGKILL, a segfault, the OOM killer).
+    #     The main process raises a RuntimeError naming its pid and how it ended (exit code or signal).
+    #     It notices the death in one of three ways:
+    #     - At once, through SIGCHLD, for process workers started from the main thread.
+    #       The handler (_utils._set_SIGCHLD_handler, as torch's) runs whenever a child ends.
+    #       It checks the registered worker pids, and raises if one of ours ended badly.
+    #     - On a failed read. A worker that dies right after putting a batch leaves a handle to shared
+    #       memory that nobody can open, so the read fails (EOFError, ConnectionResetError).
+    #       torch checks its workers at that point. But a worker not yet reaped still looks alive,
+    #       so the raw error can escape (scripts/fault_loop.py counts how often; see results/README.md).
+    #       minidl first joins its workers briefly, so the dead one is seen and named every time.
+    #     - While waiting: every MP_STATUS_CHECK_INTERVAL seconds, the main process checks its workers.
+    #     The iterator then shuts down. Every later next() raises the same error again:
+    #     the epoch cannot finish, and must not end as if it were complete.
+    #   * A read may fail because this process is out of file descriptors (EMFILE).
+    #     Every batch from a process worker holds one. The error then says so, and names two fixes:
+    #     raise `ulimit -n`, or use the 'file_system' sharing strategy
+    #     (torch.multiprocessing.set_sharing_strategy), which holds none.
+    #   * With timeout > 0, a batch that takes longer raises a RuntimeError naming the timeout.
+    #     As in torch, the iterator lives on: the next next() serves the rest of the epoch.
+    #   * A process worker polls for its parent, and exits if the main process has died.
     #
-    # Which thread owns what (this matters without the GIL, where threads truly run at once):
-    #   * every attribute of this iterator (_task_info, _send_idx, _rcvd_idx, the status lists,
-    #     the trace) belongs to the consumer's thread alone: only __next__ and _shutdown_workers
-    #     touch them, and both run there (or in __del__/atexit once the consumer is gone);
-    #   * workers and the pin-memory thread share nothing with it but queues and events, which
-    #     are thread-safe; their events and results travel inside the queued tuples;
-    #   * thread workers do share the dataset and collate_fn: those must be safe to call from
-    #     several threads (each worker has its own WorkerInfo, in thread-local storage).
+    # Which thread owns what. This matters without the GIL, where threads truly run at the same time:
+    #   * Every attribute of this iterator (_task_info, _send_idx, _rcvd_idx, the status lists, the trace)
+    #     belongs to the consumer's thread alone. Only __next__ and _shutdown_workers touch them, and both
+    #     run in that thread (or in __del__ or atexit, once the consumer is gone).
+    #   * Workers and the pin-memory thread share only queues and events with it, and those are thread-safe.
+    #     Their results, and any layer's events, travel inside the queued tuples.
+    #   * Thread workers do share the dataset and collate_fn, so those must be safe to call from several
+    #     threads at once. Each thread worker keeps its own WorkerInfo, in thread-local storage.
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
