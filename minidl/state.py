@@ -157,7 +157,10 @@ def _streams(rng) -> list:
 
 @dataclass
 class WorkerState:
-    """One worker's state after a batch (or the main process's, with no workers): restored, it goes on from there."""
+    """One worker's state just after a batch (with no workers, the main process's).
+
+    A worker restored to it goes on exactly from there.
+    """
 
     ended: bool = False  # its IterableDataset replica had run out this epoch
     streams: list | None = None  # rng_state() of each of _streams(): random, NumPy, torch (None: not imported)
@@ -166,8 +169,11 @@ class WorkerState:
 
 
 def capture_worker_state(rng, dataset: Any, ended: bool = False, fetcher=None) -> WorkerState:
-    """Save the streams a worker's dataset may draw from, and the states of the dataset and of its iterator if
-    they have one (copied: a dataset may hand out its live dict)."""
+    """Save the random streams a worker's dataset may draw from, and the state of the dataset and of its iterator.
+
+    A dataset or iterator's state is saved only if it has one. It is copied, because a dataset may hand out
+    its live dict.
+    """
     it = getattr(fetcher, "dataset_iter", None)
     states = [copy.deepcopy(x.state_dict()) if _has_state(x) else None for x in (dataset, it)]
     if it is dataset:  # its own iterator: its state goes back after iter(dataset), which may reset it
@@ -176,13 +182,19 @@ def capture_worker_state(rng, dataset: Any, ended: bool = False, fetcher=None) -
 
 
 def _has_state(x) -> bool:
-    """Saved and restored only with both methods (torchdata's ``Stateful``): else it is resumed as stateless."""
+    """Whether ``x`` has both ``state_dict`` and ``load_state_dict`` (torchdata's ``Stateful``).
+
+    Only then is its state saved and restored. Otherwise it is resumed as stateless.
+    """
     return hasattr(x, "state_dict") and hasattr(x, "load_state_dict")
 
 
 def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
-    """The fetcher ``create_fetcher()`` makes, on the dataset's saved state (before iter(dataset) reads it); a
-    replica that had run out gets an ended fetcher, so its first task says so."""
+    """Make the fetcher with ``create_fetcher()``, after putting the dataset's saved state back.
+
+    The dataset's state goes back before ``iter(dataset)`` reads it.
+    A replica that had run out gets a fetcher that has ended, so its first task says so.
+    """
     if state is not None and state.dataset is not None:
         dataset.load_state_dict(state.dataset)
     fetcher = create_fetcher()
@@ -227,8 +239,10 @@ _MT19937_BYTES = 624 * 4 + 4  # uint32_t key[624]; int pos
 
 @functools.cache
 def _mt19937_readable() -> bool:
-    """Whether the struct at ``MT19937.ctypes.state_address`` is laid out as ``_bit_generator_fingerprint`` reads it
-    (checked once against ``state``: NumPy does not promise the layout)."""
+    """Whether the struct at ``MT19937.ctypes.state_address`` is laid out as ``_bit_generator_fingerprint`` expects.
+
+    NumPy does not promise that layout, so it is checked once against the ``state`` property.
+    """
     bg = np.random.MT19937(1234)
     bg.random_raw(700)  # a position other than 0 or 624
     state = bg.state["state"]
@@ -237,15 +251,19 @@ def _mt19937_readable() -> bool:
 
 
 def _caches_normal(state: WorkerState) -> bool:
-    """Whether NumPy's legacy generator held a cached normal in ``state``. It draws normals in pairs and keeps the
-    second beside its words: drawing that one moves nothing its fingerprint reads, so while one is cached the
-    fingerprint can't tell, and the worker sends its whole state. (Left unseen: a dataset's ``set_state()`` that
-    keeps the words as they were and adds a cached normal.)"""
+    """Whether NumPy's legacy generator held a cached normal in ``state``.
+
+    That generator draws normals in pairs and keeps the second one beside its words. Drawing the cached one
+    changes nothing the fingerprint reads, so the fingerprint cannot tell. While a normal is cached, the worker
+    therefore sends its whole state. One case stays unseen: a dataset's ``set_state()`` that leaves the words
+    as they were and only adds a cached normal.
+    """
     saved = state.streams[1] if state.streams else None
     return isinstance(saved, dict) and bool(saved.get("has_gauss"))
 
 
 def restore_streams(state: WorkerState | None, rng) -> None:
+    """Put a worker's random streams back as ``state`` saved them; a stream missing on either side is left alone."""
     for g, saved in zip(_streams(rng), state and state.streams or (), strict=False):
         if g is not None and saved is not None:
             set_rng_state(g, saved)
