@@ -290,10 +290,11 @@ class LoaderState:
     replay: int = 0  # batches to fetch again and drop after resuming (saved between snapshots)
     done_ahead: list[int] = dataclasses.field(default_factory=list)  # in_order=False: batches past tasks_done had
     exhausted: bool = False  # the epoch had ended: after the replay, start the next one
-    worker_batches: list[int] | None = None  # an IterableDataset's, with workers: tasks had from each at the snapshot
-    replay_in_workers: list[int] | None = None  # a stateless one out of order: batches each worker fetches and drops
-    # An IterableDataset's, with workers: each one's state as the epoch began (None: freshly seeded), from which
-    # a stateless one's epoch starts again (persistent workers' later epochs go on from the last one's streams).
+    worker_batches: list[int] | None = None  # IterableDataset with workers: tasks had from each, at the snapshot
+    replay_in_workers: list[int] | None = None  # stateless, out of order: batches each worker fetches and drops
+    # IterableDataset with workers: each worker's state as the epoch began (None: freshly seeded).
+    # A stateless dataset's epoch starts again from these states.
+    # (Persistent workers begin a later epoch with the streams the last epoch left.)
     epoch_workers: list[WorkerState | None] | None = None
     version: int = STATE_VERSION
 
@@ -374,9 +375,12 @@ class LoaderState:
 
 
 def _from_the_start(state: LoaderState, loader) -> LoaderState:
-    """A stateless IterableDataset mid-epoch: start the epoch again (same seeds) and drop what was had. In order
-    the main process drops the first batches of the epoch; out of order, the batches had need not be the first
-    ones, so each worker drops the ones the consumer had from it, before its first task."""
+    """A stateless IterableDataset saved mid-epoch: start the epoch again with the same seeds, and drop what was had.
+
+    In order, the main process drops the epoch's first batches.
+    Out of order, the batches had need not be the first ones. So each worker drops the batches the consumer
+    had from it, before its first task.
+    """
     # The tasks had: batches and caught errors (an IterableDataset's end is not handed out).
     had = (sum(state.worker_batches) if state.worker_batches is not None else state.tasks_done) + state.replay
     name = type(getattr(loader.dataset, "_datapipe", loader.dataset)).__name__  # a datapipe's, not its wrapper's
@@ -393,9 +397,11 @@ def _from_the_start(state: LoaderState, loader) -> LoaderState:
 
 
 def _after_the_epoch(loader, state: LoaderState) -> LoaderState:
-    """A state saved between epochs at a snapshot (``exhausted``), loaded into a loader without persistent workers:
-    the next epoch's workers start afresh, so only the ended epoch's draws matter. Make them again, fetching
-    nothing, and start the next epoch from there."""
+    """Load a state saved between epochs at a snapshot (``exhausted``) into a loader without persistent workers.
+
+    The next epoch's workers start afresh, so only the ended epoch's random draws matter.
+    Make those draws again, fetching nothing, and start the next epoch from there.
+    """
     generators = generators_of(loader)
     with replaying(generators, state.generators, mid_epoch=True):
         if _is_iter_datapipe(loader.dataset):  # the draws in the order an iterator makes them: the shared seed,
