@@ -441,24 +441,29 @@ class _StatefulWorker:
         return index_queue, result_queue, result_queue.create_fetcher
 
     def ships_state(self, idx: int) -> bool:
-        """Whether task ``idx`` carries the worker's state: every task, or those just before a snapshot
-        (each worker's last task before it, whichever worker that is) and at the end of the epoch."""
+        """Whether task ``idx`` carries the worker's state.
+
+        With ``every == 1``, every task does. Otherwise the tasks just before each snapshot do (each
+        worker's last task before it), and so do the tasks at the end of the epoch.
+        """
         n, w = self.every, self.num_workers
         return n == 1 or (n > 0 and (n <= w or idx % n >= n - w)) or \
             (self.epoch_len is not None and idx >= self.epoch_len - w)
 
 
 class _StatefulResultQueue:
-    """A worker's result queue that ships the worker's state with its batches, its end, and a new epoch's ack;
-    its ``create_fetcher`` restores the saved state before the worker's first fetcher."""
+    """A worker's result queue that ships the worker's state with its batches, its end, and a new epoch's ack.
+
+    Its ``create_fetcher`` puts the saved state back when the worker makes its first fetcher.
+    """
 
     def __init__(self, queue, worker_id: int, layer: _StatefulWorker, create_fetcher) -> None:
         self.queue, self.worker_id, self.layer, self._create_fetcher = queue, worker_id, layer, create_fetcher
         self.resume, self.fetcher, self.replay = layer.resume, None, layer.replay
-        self.last_sent = None  # (ended, _fingerprints) of the last WorkerState sent: an equal one goes as the id
+        self.last_sent = None  # (ended, _fingerprints) of the last state sent; when unchanged, the id goes instead
 
     def create_fetcher(self, kind, dataset, auto_collation, collate_fn, drop_last):
-        if self.resume is not None:  # the first fetcher, after worker_init_fn (which may reseed): the saved state wins
+        if self.resume is not None:  # runs after worker_init_fn, which may reseed: the saved state wins
             restore_streams(self.resume, get_worker_info().rng)
         self.fetcher = resumed_fetcher(self.resume, dataset, lambda: self._create_fetcher(
             kind, dataset, auto_collation, collate_fn, drop_last))
@@ -481,15 +486,17 @@ class _StatefulResultQueue:
         try:
             if isinstance(idx, _ResumeIteration):  # no fetcher yet
                 r = ship(r, "state", (self.worker_id, self._capture(info, (False, _fingerprints(info.rng)), None)))
-            elif ended or self.layer.ships_state(idx):  # ended: also when a short last batch used the replica up
+            elif ended or self.layer.ships_state(idx):  # a short last batch may have used the replica up too
                 r = ship(r, "state", self._state(info, ended))
-        except Exception:  # the dataset's state_dict() failed: raised in the main process, with this batch
+        except Exception:  # the dataset's state_dict() failed: the main process raises it, in this batch's place
             r = idx, ExceptionWrapper(where=f"in DataLoader worker {self.worker_id}'s dataset.state_dict()")
         self.queue.put(r)
 
     def _state(self, info, ended: bool):
-        """The worker's state now, or its id if that equals the last state sent (only streams and ``ended`` to
-        compare: a dataset or iterator with its own state always sends it)."""
+        """The worker's state now, or just its id if the state equals the last one sent.
+
+        Only the streams and ``ended`` are compared. A dataset or iterator with its own state always sends it.
+        """
         if any(_has_state(x) for x in (info.dataset, getattr(self.fetcher, "dataset_iter", None))):
             return capture_worker_state(info.rng, info.dataset, ended, self.fetcher)
         now = (ended, _fingerprints(info.rng))
@@ -498,9 +505,9 @@ class _StatefulResultQueue:
         return self._capture(info, now, self.fetcher)
 
     def _capture(self, info, now: tuple, fetcher) -> WorkerState:
-        """The worker's whole state; ``now``, its fingerprint, is what the next batches compare with."""
+        """The worker's whole state. ``now`` is its fingerprint, which the next batches compare with."""
         state = capture_worker_state(info.rng, info.dataset, now[0], fetcher)
-        self.last_sent = None if _caches_normal(state) else now  # None: no fingerprint equals it
+        self.last_sent = None if _caches_normal(state) else now  # None equals no fingerprint: the next state is sent
         return state
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
@@ -513,8 +520,8 @@ class _StatefulResultQueue:
 def generators_of(loader) -> list:
     """The generators the loader and its samplers draw from; ``None`` stands for the global one.
 
-    The global one is included only when something draws from it (no generator given), so a
-    loader driven by a NumPy generator never imports torch to read torch's global state.
+    The global one is included only when something draws from it (a part given no generator).
+    So a loader driven by a NumPy generator never imports torch just to read torch's global state.
     """
     batch_sampler = loader.batch_sampler
     owners = (loader, loader.sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
