@@ -576,35 +576,40 @@ def stateful_iterators(single: type, multi: type) -> tuple[type, type]:
 
 
 class _StatefulIterMixin:
-    """What both stateful iterators share: the epoch's opening draws recorded or replayed, its end noticed."""
+    """What both stateful iterators share: they record or replay the epoch's opening draws, and note its end."""
 
     def _take_resume_state(self, loader) -> LoaderState | None:
-        """Before the iterator starts: the state load_state_dict() left (None: a fresh epoch). The loader keeps it
-        until the iterator has started (``_started``): if this iter() fails, the next one resumes from it again."""
+        """Take the state load_state_dict() left, before the iterator starts (None: a fresh epoch).
+
+        The loader keeps that state until the iterator has started (``_started``).
+        So if this iter() fails, the next one resumes from the same state.
+        """
         self._resumed = loader._resume_state
         self._generators = generators_of(loader)
-        # The generators' states before this epoch's first draw: saved as they are, or the saved ones to replay.
+        # The generators' states before this epoch's first draw: read now, or, when resuming, the saved ones.
         self._generator_states = self._resumed.generators if self._resumed else capture_generators(self._generators)
-        # Persistent workers' later epochs reuse the first base_seed; so does an epoch resumed from one of them.
+        # Persistent workers' later epochs reuse the first base_seed. So does an epoch resumed from one of them.
         self._epoch_draws_base_seed = self._resumed.draws_base_seed if self._resumed else True
-        self._exhausted = False  # state_dict() after the end of an epoch saves the start of the next
+        self._exhausted = False  # once the epoch has ended, state_dict() saves the start of the next one
         return self._resumed
 
     def _started(self, loader) -> None:
-        """The iterator stands where the loaded state said: the loader's state_dict() asks it from now on."""
+        """Mark the iterator as standing where the loaded state said. From now on, state_dict() asks this iterator."""
         loader._resume_state = None
-        loader._last_iterator = self  # a strong reference, as torchdata's: state_dict() after a `break` needs it
+        loader._last_iterator = self  # a strong reference, as torchdata keeps: state_dict() after a `break` needs it
 
     def _resumed_base_seed(self, loader) -> int:
-        """A resumed epoch's base_seed: drawn again from the replayed generators, as the saved epoch drew it."""
+        """A resumed epoch's base_seed, drawn again from the replayed generators as the saved epoch drew it."""
         resumed = self._resumed
         drawn = _random.draw_seed(loader.generator) if resumed.draws_base_seed else None
         # A persistent loader's later epoch draws none: its workers kept the first one.
         return drawn if resumed.base_seed is None else resumed.base_seed
 
     def _skip_consumed(self, tasks_done: int) -> None:
-        """Draw the index batches the consumer had, unfetched, and the next one too (a sampler may draw in chunks),
-        while the generators are replayed."""
+        """Draw, without fetching them, the index batches the consumer had, while the generators are replayed.
+
+        The next index batch is drawn too, because a sampler may draw its random numbers in chunks.
+        """
         for _ in range(tasks_done):
             next(self._sampler_iter, None)
         if tasks_done > 0:
@@ -612,9 +617,11 @@ class _StatefulIterMixin:
             self._sampler_iter = iter(()) if first is _END else itertools.chain([first], self._sampler_iter)
 
     def _replay(self, resumed: LoaderState) -> None:
-        """Fetch again, and drop, the batches had after the snapshot the state was saved from. ``replay`` counts
-        tasks: an error the consumer caught is one too, and is dropped here as the batches are. What a traced
-        loader records of the hand-overs is dropped with them: the consumer never had these batches."""
+        """Fetch again, and drop, the batches had since the snapshot the state was saved from.
+
+        ``replay`` counts tasks, so an error the consumer caught counts too. It is dropped here like a batch.
+        A traced loader's records of these hand-overs are dropped as well: the consumer never had these batches.
+        """
         self._num_yielded = resumed.num_yielded
         trace = getattr(self, "_trace", None)
         recorded = len(trace.raw) if trace is not None else 0
@@ -625,7 +632,7 @@ class _StatefulIterMixin:
                     next(self)
                 except StopIteration:
                     break
-                except Exception:  # the dataset's error (any, with no workers), had and caught by the consumer
+                except Exception:  # the dataset's error, which the consumer had and caught (with no workers: any error)
                     if not (self._dropped_an_error or self._num_workers == 0):
                         raise  # a worker died: the iterator can't go on
         finally:
@@ -634,7 +641,7 @@ class _StatefulIterMixin:
             trace.raw[recorded:] = [e for e in trace.raw[recorded:] if e[0] not in ("wait", "yield", "consumer")]
             self._last_yield = None
 
-    _dropping = False  # replaying: the batches handed out are dropped
+    _dropping = False  # True while replaying: the batches handed out are dropped
     _dropped_an_error = False  # with workers, the last task handed out while replaying was the dataset's error
 
     def __next__(self):
@@ -646,6 +653,7 @@ class _StatefulIterMixin:
 
 
 def _load_map_dataset(loader, resumed: LoaderState) -> None:
+    """With no workers, put a map dataset's saved state back (an IterableDataset's goes back with its fetcher)."""
     if loader._dataset_kind == _DatasetKind.Map and resumed.main is not None and resumed.main.dataset is not None:
         loader.dataset.load_state_dict(resumed.main.dataset)
 
@@ -659,22 +667,22 @@ class _StatefulSingleIter(_StatefulIterMixin):
         with replaying(self._generators, self._generator_states, mid_epoch) if resumed is not None else nullcontext():
             if resumed is not None and not mid_epoch:  # a map dataset's state goes back where it was saved:
                 _load_map_dataset(loader, resumed)  # before the epoch's draws (it may set the global generator)...
-            super().__init__(loader)  # base_seed drawn again; the fetcher made on the saved dataset state
+            super().__init__(loader)  # draws base_seed again, and makes the fetcher on the saved dataset state
             self._skip_consumed(resumed.tasks_done if resumed is not None else 0)
         if resumed is not None:
-            restore_streams(resumed.main, None)  # after the replay, which sets the global generator back
+            restore_streams(resumed.main, None)  # after `replaying`, which sets the global generator back
             if mid_epoch:  # ...or after them
                 _load_map_dataset(loader, resumed)
         self._tasks_drawn = resumed.tasks_done if resumed is not None else 0  # index batches drawn, errors too
         if resumed is not None:
             self._replay(resumed)
-            if resumed.replay:  # a stateless IterableDataset's replay drew from the streams: put them where they stood
+            if resumed.replay:  # a stateless IterableDataset's replay drew from the streams: put them back again
                 restore_streams(resumed.main, None)
         self._started(loader)
 
     def _next_index(self):
         index = super()._next_index()
-        self._tasks_drawn += 1  # a batch whose fetch raised is had too: a caught error is not fetched again
+        self._tasks_drawn += 1  # counted before the fetch: a caught error is not fetched again on resume
         return index
 
     def _layer_create_fetcher(self, create_fetcher):  # an iterable dataset's state goes back before iter() reads it
@@ -689,14 +697,14 @@ class _StatefulSingleIter(_StatefulIterMixin):
 
 
 class _StatefulMultiIter(_StatefulIterMixin):
-    """``num_workers > 0``, resumable: each worker's state comes with its batches (see NOTE above)."""
+    """``num_workers > 0``, resumable: each worker's state comes with its batches (see NOTE [ Resuming mid-epoch ])."""
 
     def __init__(self, loader) -> None:
         resumed = self._take_resume_state(loader)
-        # Out of order, a replay can't drop the batches that were had (see NOTE): every batch carries its state.
+        # Out of order, a replay cannot tell which batches were had (see the NOTE), so every batch carries its state.
         self._every = (loader.snapshot_every_n_steps or 0) if loader.in_order else 1
         self._continue_from = resumed  # taken by the first _try_put_index
-        self._skip_ahead = set()  # out of order: tasks past the first one sent that the consumer had had
+        self._skip_ahead = set()  # out of order: later tasks the consumer had already had before the save
         mid_epoch = resumed is not None and resumed.mid_epoch
         with replaying(self._generators, self._generator_states, mid_epoch) if resumed else nullcontext():
             super().__init__(loader)  # starts the workers and sends the first tasks
@@ -707,7 +715,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
                 if resumed.exhausted:  # saved between epochs at a snapshot: finish that epoch, then start the next
                     deque(self, maxlen=0)  # runs the iterator to its end
                     self._reset(loader)
-            except BaseException:  # the loader keeps the loaded state: iter() can be tried again
+            except BaseException:  # the loader still holds the loaded state, so iter() can be tried again
                 self._shutdown_workers()
                 raise
         self._started(loader)
