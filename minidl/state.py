@@ -723,7 +723,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
     def _layer_workers(self, worker_id: int) -> tuple:
         resume = self._resumed.workers[worker_id] if self._resumed is not None and self._resumed.workers else None
         epoch_len = _len_or_none(self._index_sampler) if self._dataset_kind == _DatasetKind.Map else None
-        replay = self._resumed and self._resumed.replay_in_workers  # an IterableDataset's: a BatchSampler or none
+        replay = self._resumed and self._resumed.replay_in_workers  # an IterableDataset: a BatchSampler or none
         replay = replay and (replay[worker_id], self._auto_collation and [None] * self._index_sampler.batch_size)
         layer = _StatefulWorker(self._every, self._num_workers, epoch_len, resume, *(replay or ()))
         return (*super()._layer_workers(worker_id), layer)
@@ -732,8 +732,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
         resumed = self._resumed if first_iter else None
         if first_iter:  # each worker's state after the last batch the consumer had from it (None: freshly seeded)
             self._worker_states = list(resumed and resumed.workers or [None] * self._num_workers)
-            self._last_sent = [None] * self._num_workers  # the last WorkerState each worker sent (see NOTE)
-        else:  # a new epoch on persistent workers: its draws start from here; each worker's ack brings its state
+            self._last_sent = [None] * self._num_workers  # the last WorkerState each worker sent (see the NOTE)
+        else:  # a persistent workers' new epoch: its draws start here, and each worker's ack brings its state
             self._generator_states, self._epoch_draws_base_seed = capture_generators(self._generators), False
         self._stale = [False] * self._num_workers  # True: a batch without its state was handed out since
         self._pending = [deque() for _ in range(self._num_workers)]  # states of batches received, not handed out
@@ -804,7 +804,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
 
     def _current(self) -> _Snapshot | None:
         """Where the consumer stands, if every worker's state after its last batch handed out is known."""
-        k = self._rcvd_idx  # out of order, the loop may not have stepped past tasks had already, or skipped
+        k = self._rcvd_idx  # it may still point at a task already had out of order, or skipped: step past those
         while (k < self._send_idx and k not in self._task_info) or k in self._skip_ahead:
             k += 1
         workers, stale = list(self._worker_states), list(self._stale)
@@ -866,13 +866,16 @@ def load_loader_state(loader, state: dict) -> None:
 
 
 def _between_epochs(loader, it) -> LoaderState:
-    """The state that starts the next epoch: its draws come from the generators as they are now.
-    Persistent workers carry on with their base_seed and their streams; with no workers, the dataset's state."""
+    """The state that starts the next epoch. Its draws come from the generators as they are now.
+
+    Persistent workers carry on with their base_seed and their streams.
+    With no workers, the state also holds the dataset's own state.
+    """
     generators = capture_generators(generators_of(loader))
     extra: dict = {}
     if it is not None and it is loader._iterator:  # persistent workers: they carry their streams on
         at = it._current()
-        if at is None:  # a worker's last state is behind: resume at the last snapshot and replay to the end
+        if at is None:  # a worker's known state is behind: resume at the last snapshot and replay to the end
             return dataclasses.replace(it._state_dict(loader), exhausted=True)
         extra = dict(workers=[s and dataclasses.replace(s, ended=False, iterator=None) for s in at.workers],
                      base_seed=it._base_seed, draws_base_seed=False)  # the next epoch's iter() starts afresh
