@@ -733,7 +733,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
         if first_iter:  # each worker's state after the last batch the consumer had from it (None: freshly seeded)
             self._worker_states = list(resumed and resumed.workers or [None] * self._num_workers)
             self._last_sent = [None] * self._num_workers  # the last WorkerState each worker sent (see the NOTE)
-        else:  # a persistent workers' new epoch: its draws start here, and each worker's ack brings its state
+        else:  # a new epoch on persistent workers: its draws start here, and each worker's ack brings its state
             self._generator_states, self._epoch_draws_base_seed = capture_generators(self._generators), False
         self._stale = [False] * self._num_workers  # True: a batch without its state was handed out since
         self._pending = [deque() for _ in range(self._num_workers)]  # states of batches received, not handed out
