@@ -70,12 +70,13 @@ def _is_iterable_dataset(dataset) -> bool:
     return torch_data is not None and isinstance(dataset, torch_data.IterableDataset)
 
 
-# >>> DataPipes: torch's forward compatibility, so the classic DataLoader runs an IterDataPipe or MapDataPipe graph
-# (torch.utils.data.datapipes). The graph's own shufflers and sharding_filter do the work. The loader only sets them:
-#   DataLoader.__init__   wraps the graph so that it pickles (_DataPipeSerializationWrapper).
-#                         shuffle= turns its shufflers on or off. Other IterableDatasets refuse shuffle=.
+# >>> DataPipes: torch's classic DataLoader also runs an IterDataPipe or MapDataPipe graph
+# (torch.utils.data.datapipes), for forward compatibility, and so does this one.
+# The graph's own shufflers and sharding_filter do the work. The loader only switches them on and feeds them:
+#   DataLoader.__init__   wraps the graph so that it can be pickled (_DataPipeSerializationWrapper).
+#                         shuffle= turns the graph's shufflers on or off. Other IterableDatasets refuse shuffle=.
 #   each iterator/epoch   draws one shared seed from loader.generator, BEFORE base_seed (_share_dist_seed).
-#                         It seeds the graph's random datapipes with it. Workers re-seed their copy with the same seed.
+#                         That seed seeds the graph's random datapipes. Workers reseed their copy with the same seed.
 #   then                  shards the graph: over the ranks in the main process, over workers x ranks in workers.
 def _is_datapipe(dataset) -> bool:
     torch_data = sys.modules.get("torch.utils.data")  # without torch imported, nothing can be a datapipe
@@ -103,9 +104,9 @@ def _get_distributed_settings() -> tuple[int, int]:
 
 
 def _sharding_worker_init_fn(worker_init_fn, world_size, rank_id, worker_id) -> None:
-    """Keep this worker's share of the data, then run the user's ``worker_init_fn``. It runs first in each worker.
+    """Runs first in each worker: keep this worker's share of the datapipe graph, then call ``worker_init_fn``.
 
-    The data is shared out over the ranks first, then over the workers.
+    There are ``num_workers * world_size`` shares. Worker ``w`` of rank ``r`` keeps share ``w * world_size + r``.
     """
     from torch.utils.data.graph_settings import apply_sharding
 
@@ -131,7 +132,7 @@ def _datapipe_process_group():
 def _share_dist_seed(generator, pg) -> int:
     """The epoch's shared seed: one draw from the loader's generator, which is rank 0's with a process group."""
     if pg is None:
-        return _random.draw_seed(generator)  # torch.empty((), dtype=torch.int64).random_(generator=generator)
+        return _random.draw_seed(generator)  # the draw torch makes with torch.empty((), dtype=torch.int64).random_()
     import torch
     import torch.distributed as dist
 
@@ -288,7 +289,7 @@ class DataLoader(Generic[_T_co]):
             collate_fn = default_collate if self._auto_collation else default_convert
         self.collate_fn = collate_fn
         self.persistent_workers = persistent_workers
-        self._IterableDataset_len_called = None  # len(self) as reported, to warn on overrun
+        self._IterableDataset_len_called = None  # the length len(self) reported: more batches than that get a warning
         self._iterator = None  # kept between epochs only with persistent_workers
         # >>> layer: tracing (minidl/trace.py)
         if trace is True:
@@ -413,10 +414,10 @@ class DataLoader(Generic[_T_co]):
 
     # >>> layer: resume (minidl/state.py)
     def state_dict(self) -> dict:
-        """Where this loader stands, mid-epoch or between epochs; ``load_state_dict`` resumes right there.
+        """Save where this loader stands, mid-epoch or between epochs; ``load_state_dict`` resumes from there.
 
-        minidl's addition (torchdata's ``StatefulDataLoader`` has the same pair); needs
-        ``DataLoader(..., stateful=True)``. See minidl/state.py.
+        It needs ``DataLoader(..., stateful=True)``. torch's DataLoader has no such pair; minidl follows
+        torchdata's ``StatefulDataLoader``. See minidl/state.py.
         """
         from minidl.state import loader_state_dict
 
@@ -476,8 +477,9 @@ class _BaseDataLoaderIter:
         if not _is_generator(loader.generator):
             raise TypeError(f"generator should be a torch.Generator or a numpy.random.Generator, but got "
                             f"generator={loader.generator!r} of type {type(loader.generator).__name__}")
-        # Order matters for reproducing torch: an IterDataPipe's shared seed is drawn first, then the
-        # sampler iterator is created (lazily, it draws nothing yet) and base_seed is drawn.
+        # The draws come in torch's order, so the same generator gives the same seeds as torch.
+        # An IterDataPipe's shared seed is drawn first. Then the sampler's iterator is made; it is lazy,
+        # so it draws nothing yet. Then base_seed is drawn.
         self._shared_seed = None  # an IterDataPipe's (see the DataPipes block)
         self._pg = None
         if _is_iter_datapipe(self._dataset):
@@ -590,8 +592,9 @@ class _SingleProcessDataLoaderIter(_BaseDataLoaderIter):
         return data
 
 
-# Iterators with live workers, shut down at interpreter exit before multiprocessing's own exit
-# hook terminates daemonic children underneath them.
+# The iterators whose workers are running. At interpreter exit, _shutdown_live_iterators shuts them down.
+# It runs before multiprocessing's own exit hook, which would otherwise terminate their daemon workers
+# from under them.
 _live_iterators: weakref.WeakSet = weakref.WeakSet()
 _atexit_registered = False
 
@@ -620,52 +623,56 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #     _task_info reorder buffer <--- worker_result_queue <--- (send_idx, batch)
     #     [pin_memory_thread: worker_result_queue -> pin -> data_queue, when pinning]
     #
-    # Bookkeeping: task k is sent with _send_idx == k; _task_info[k] is (worker,) while in flight
-    # and (worker, batch) once it arrived early (in turn, it is handed back at once);
-    # _rcvd_idx is the next task to hand back. At most prefetch_factor * num_workers tasks are in
-    # flight; each batch handed back frees one slot.
+    # Bookkeeping:
+    #   * task k is sent with _send_idx == k;
+    #   * _task_info[k] is (worker,) while task k is in flight, and (worker, batch) once it has arrived early;
+    #   * _rcvd_idx is the next task to hand back. An early batch waits in _task_info until its turn.
+    # At most prefetch_factor * num_workers tasks are in flight. Each batch handed back frees one slot.
     #
-    # Shutdown protocol (_shutdown_workers), run on exhaustion, error, `del`, GC or exit:
-    #   1. Mark the iterator shut down, so it runs once.
-    #   2. Stop the pin-memory thread: set its done event, wake it with a dummy, join it.
-    #   3. Set workers_done_event: workers stop fetching and only drain their index queue.
-    #   4. Put the None sentinel on every index queue: each worker leaves its loop on it.
-    #   5. Join each worker for a bounded time; close the index queues without waiting for
-    #      their feeder threads (cancel_join_thread), since nobody will read what is left.
-    #   6. Terminate any process worker still alive (stuck in user code) and join it, so no
-    #      worker outlives the iterator. Thread workers cannot be killed: they are daemons, and
-    #      a thread stuck in a slow __getitem__ exits as soon as it returns to the loop.
+    # Shutdown protocol (_shutdown_workers). It runs on exhaustion, on an error, on `del`, on GC or at exit:
+    #   1. Mark the iterator shut down, so the protocol runs only once.
+    #   2. Stop the pin-memory thread: set its done event, wake it with a dummy item, join it.
+    #   3. Set workers_done_event. Workers stop fetching and only drain their index queue.
+    #   4. Put the None sentinel on every index queue. Each worker leaves its loop when it reads it.
+    #   5. Join each worker for a bounded time. Close the index queues without waiting for their
+    #      feeder threads (cancel_join_thread): nobody will read what is left in them.
+    #   6. Terminate any process worker still alive (stuck in user code) and join it, so no worker
+    #      outlives the iterator. A thread worker cannot be killed. It is a daemon, and a thread stuck
+    #      in a slow __getitem__ exits as soon as it gets back to the loop.
     #
-    # Failures surface in the main process rather than hanging it:
-    #   * an exception in a worker travels as an ExceptionWrapper and is re-raised by type;
-    #   * a dead worker process (os._exit, SIGKILL, a segfault, the OOM killer) is reported as a
-    #     RuntimeError naming its pid and how it ended (exit code or signal), in three ways:
-    #     - at once: for process workers started from the main thread, a SIGCHLD handler
-    #       (_utils._set_SIGCHLD_handler, as torch's) looks at the registered worker pids whenever
-    #       a child ends and raises if one of ours ended badly;
-    #     - on a failed read: a worker that dies right after putting a batch leaves a handle to
-    #       shared memory nobody can open, and the read fails (EOFError, ConnectionResetError).
-    #       torch checks its workers then, but a worker not yet reaped still looks alive, and the
-    #       raw error escapes (scripts/fault_loop.py counts how often; results/README.md has a count).
-    #       minidl joins its workers briefly first, so the dead one is seen and named every time;
-    #     - while waiting: every MP_STATUS_CHECK_INTERVAL seconds the main process checks them.
-    #     The iterator then shuts down and raises the same error on every later next(): its
-    #     epoch can't finish, and must not end as if complete;
-    #   * a failed read while this process is out of file descriptors (EMFILE: every batch from a
-    #     process worker holds one) says so: raise `ulimit -n`, or use the 'file_system' sharing
-    #     strategy (torch.multiprocessing.set_sharing_strategy), which holds none;
-    #   * with timeout > 0, a batch that takes longer raises RuntimeError naming the timeout; as in
-    #     torch the iterator lives on, and the next next() serves the rest of the epoch;
-    #   * a process worker polls for its parent, and exits if the main process died.
+    # A failure surfaces in the main process as an exception. It never leaves the main process hanging:
+    #   * An exception in a worker travels to the main process as an ExceptionWrapper.
+    #     The main process raises it again, with the same type.
+    #   * A worker process may die (os._exit, SIGKILL, a segfault, the OOM killer).
+    #     The main process raises a RuntimeError naming its pid and how it ended (exit code or signal).
+    #     It notices the death in one of three ways:
+    #     - At once, through SIGCHLD, for process workers started from the main thread.
+    #       The handler (_utils._set_SIGCHLD_handler, as torch's) runs whenever a child ends.
+    #       It checks the registered worker pids, and raises if one of ours ended badly.
+    #     - On a failed read. A worker that dies right after putting a batch leaves a handle to shared
+    #       memory that nobody can open, so the read fails (EOFError, ConnectionResetError).
+    #       torch checks its workers at that point. But a worker not yet reaped still looks alive,
+    #       so the raw error can escape (scripts/fault_loop.py counts how often; see results/README.md).
+    #       minidl first joins its workers briefly, so the dead one is seen and named every time.
+    #     - While waiting: every MP_STATUS_CHECK_INTERVAL seconds, the main process checks its workers.
+    #     The iterator then shuts down. Every later next() raises the same error again:
+    #     the epoch cannot finish, and must not end as if it were complete.
+    #   * A read may fail because this process is out of file descriptors (EMFILE).
+    #     Every batch from a process worker holds one. The error then says so, and names two fixes:
+    #     raise `ulimit -n`, or use the 'file_system' sharing strategy
+    #     (torch.multiprocessing.set_sharing_strategy), which holds none.
+    #   * With timeout > 0, a batch that takes longer raises a RuntimeError naming the timeout.
+    #     As in torch, the iterator lives on: the next next() serves the rest of the epoch.
+    #   * A process worker polls for its parent, and exits if the main process has died.
     #
-    # Which thread owns what (this matters without the GIL, where threads truly run at once):
-    #   * every attribute of this iterator (_task_info, _send_idx, _rcvd_idx, the status lists,
-    #     the trace) belongs to the consumer's thread alone: only __next__ and _shutdown_workers
-    #     touch them, and both run there (or in __del__/atexit once the consumer is gone);
-    #   * workers and the pin-memory thread share nothing with it but queues and events, which
-    #     are thread-safe; their events and results travel inside the queued tuples;
-    #   * thread workers do share the dataset and collate_fn: those must be safe to call from
-    #     several threads (each worker has its own WorkerInfo, in thread-local storage).
+    # Which thread owns what. This matters without the GIL, where threads truly run at the same time:
+    #   * Every attribute of this iterator (_task_info, _send_idx, _rcvd_idx, the status lists, the trace)
+    #     belongs to the consumer's thread alone. Only __next__ and _shutdown_workers touch them, and both
+    #     run in that thread (or in __del__ or atexit, once the consumer is gone).
+    #   * Workers and the pin-memory thread share only queues and events with it, and those are thread-safe.
+    #     Their results, and any layer's events, travel inside the queued tuples.
+    #   * Thread workers do share the dataset and collate_fn, so those must be safe to call from several
+    #     threads at once. Each thread worker keeps its own WorkerInfo, in thread-local storage.
 
     def __init__(self, loader: DataLoader) -> None:
         super().__init__(loader)
@@ -675,11 +682,11 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
         if self._worker_method == "thread":
             context = _ThreadContext
-            runs_in = _InThread  # how each worker seeds itself, keeps its WorkerInfo and watches its parent
+            runs_in = _InThread  # says how a worker seeds itself, keeps its WorkerInfo and watches its parent
         else:
             context = loader.multiprocessing_context or _mp_module().get_context()
             runs_in = _InProcess
-            check_main_module(context, loader)  # spawn/forkserver from a notebook: can the worker import it?
+            check_main_module(context, loader)  # spawn/forkserver: refuse now what a worker could not import
         self._worker_init_fn = loader.worker_init_fn
         if _is_datapipe(self._dataset):  # each worker first keeps its own share (see the DataPipes block)
             self._worker_init_fn = functools.partial(
@@ -687,7 +694,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             )
 
         self._worker_result_queue = context.Queue()
-        # Thread workers share a threading.Event; process workers a flag a killed worker cannot leave locked.
+        # Thread workers share a threading.Event.
+        # Process workers share a flag instead: a killed worker cannot leave it locked, as it could an Event.
         self._workers_done_event = context.Event() if context is _ThreadContext else _utils.DoneFlag(context)
         self._index_queues = []
         self._workers = []
@@ -696,7 +704,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._shutdown = False  # from here on, __del__ has workers and queues to clean up
         for i in range(self._num_workers):
             index_queue = context.Queue()
-            index_queue.cancel_join_thread()  # main puts here; never block exit on its feeder
+            index_queue.cancel_join_thread()  # the main process puts here: exiting never waits for the queue's feeder
             w = context.Process(
                 target=_worker_loop,
                 args=(
@@ -724,7 +732,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 name=f"minidl_worker_{i}",
             )
             w.daemon = True
-            with pickling_errors_named(context, loader):  # spawn/forkserver pickle here: name what failed
+            with pickling_errors_named(context, loader):  # spawn/forkserver pickle the arguments here: name what fails
                 w.start()
             # Only started workers are recorded, so shutdown never joins one that never ran.
             self._index_queues.append(index_queue)
@@ -767,7 +775,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     # <<< layer: tracing
 
     def _reset(self, loader: DataLoader, first_iter: bool = False) -> None:
-        if self._failure is not None:  # persistent workers, one of them dead: as torch, raise again
+        if self._failure is not None:  # a persistent worker died in an earlier epoch: raise again, as torch does
             raise RuntimeError(self._failure)
         super()._reset(loader, first_iter)
         self._send_idx = 0  # idx of the next task to be sent to workers
@@ -794,7 +802,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         try:
             return True, self._data_queue.get(timeout=timeout)
         except Exception as e:
-            # A failed read (not a timeout) most likely means a worker died: give it time to be seen.
+            # A failed read (not a timeout) most likely means a worker died. Give its death time to show.
             failed = self._failed_workers(wait=not isinstance(e, queue.Empty))
             if failed:
                 self._fail(failed, e)
@@ -804,7 +812,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             raise
 
     def _fail(self, failed: list, cause: BaseException | None = None):
-        """Shut down for good, and raise the RuntimeError naming the dead workers (again on every next())."""
+        """Shut down for good and raise a RuntimeError naming the dead workers; every later next() raises it too."""
         if failed[0].pid is None:  # a thread worker left its loop without the sentinel
             self._failure = f"DataLoader worker thread(s) {[w.name for w in failed]} exited unexpectedly"
         else:
@@ -813,7 +821,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         raise RuntimeError(self._failure) from cause
 
     def _failed_workers(self, wait: bool) -> list:
-        """The workers that should be running and are not; with ``wait``, join them up to one interval first."""
+        """The workers that should be running and are not. With ``wait``, first join them for up to one interval."""
         deadline = _utils.now() + (MP_STATUS_CHECK_INTERVAL if wait else 0.0)
         while True:
             failed = [w for i, w in enumerate(self._workers) if self._workers_status[i] and not w.is_alive()]
@@ -921,7 +929,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         return data
 
     def _mark_worker_as_unavailable(self, worker_id: int, shutdown: bool = False) -> None:
-        # Send the sentinel so the worker exits its loop (a dead one just never reads it).
+        # Send the None sentinel, so the worker leaves its loop. A dead worker never reads it, which is harmless.
         if not self._workers_status[worker_id] and not self._persistent_workers and not shutdown:
             raise AssertionError("Worker status inconsistent when marking worker as unavailable")
         self._index_queues[worker_id].put(None)
@@ -934,7 +942,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         if self._shutdown:
             return
         self._shutdown = True  # 1
-        _utils._remove_worker_pids(id(self))  # workers end on purpose from here: no SIGCHLD error
+        _utils._remove_worker_pids(id(self))  # from here on, a worker that ends is no SIGCHLD error
         try:
             if hasattr(self, "_pin_memory_thread"):  # 2
                 self._pin_memory_thread_done_event.set()
@@ -959,12 +967,15 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             _live_iterators.discard(self)
 
     def __del__(self) -> None:
-        if os.getpid() == self._owner_pid:  # a forked child inherits this object, not its workers
+        if os.getpid() == self._owner_pid:  # a forked child inherits this object, but not its workers
             self._shutdown_workers()
 
 
 def _raise_if_out_of_file_descriptors() -> None:
-    """After a failed read: if this process can't open 10 more files, say so, as torch does."""
+    """After a failed read, check whether this process is out of file descriptors, and if so say so, as torch does.
+
+    The check opens 10 temporary files, as torch's does.
+    """
     import contextlib
     import errno
     import tempfile

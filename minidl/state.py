@@ -53,18 +53,21 @@ from minidl.worker import (
 
 # NOTE [ Resuming mid-epoch ]
 #
-# Three things decide the rest of an epoch, and a LoaderState saves each:
-#   1. the random draws made as the epoch starts (base_seed, the sampler's permutation): the generators'
-#      states from just before them are kept, and on resume the same draws are made again (`replaying`);
-#   2. how far the consumer got, tasks_done: the resumed sampler skips that many index batches unfetched,
-#      and round-robin dispatch goes on with next_worker, the worker the next batch was sent to. Out of
-#      order (in_order=False) the consumer may also have had batches past tasks_done: done_ahead lists
-#      them, and the resumed loader skips them as well, so no batch comes twice and none is lost;
-#   3. each worker's WorkerState (its random streams, its dataset's own state_dict(), whether an
-#      IterableDataset replica ran out) just after the last of its batches the consumer has had.
+# Three things decide the rest of an epoch. A LoaderState saves each of them:
+#   1. The random draws made as the epoch starts: base_seed and the sampler's permutation.
+#      The state keeps the generators as they were just before those draws.
+#      On resume, the same draws are made again from there (`replaying`).
+#   2. How far the consumer got: tasks_done, the number of index batches it has had.
+#      The resumed sampler skips that many index batches without fetching them.
+#      Round-robin dispatch goes on with next_worker, the worker the next batch was sent to.
+#      Out of order (in_order=False), the consumer may also have had batches past tasks_done.
+#      done_ahead lists them, and the resumed loader skips them too: no batch comes twice, none is lost.
+#   3. Each worker's WorkerState: its random streams, its dataset's own state_dict(), and whether its
+#      IterableDataset replica ran out. It is the state just after the last of its batches the consumer had.
 #
-# Workers prefetch, so a worker's state now is ahead of the consumer. Instead, its state rides with its
-# batches, as tracing's events do, and is filed when the consumer takes that batch:
+# Workers prefetch, so a worker's state right now is ahead of the consumer.
+# So a worker's state rides with its batches, as tracing's events do.
+# The main process files it when the consumer takes that batch:
 #
 #   worker i (_StatefulResultQueue.put)                 main process (_StatefulMultiIter)
 #   -----------------------------------                 ---------------------------------
@@ -74,25 +77,31 @@ from minidl.worker import (
 #                                                       _process_data(batch, i): _worker_states[i] = the
 #                                                       state that came with the batch handed out
 #
-# A worker whose streams and `ended` are as they were in the last state it sent ships its id instead, and the
-# main process takes the state it last received from that worker (_last_sent). A dataset that draws nothing then
-# adds a few bytes to each batch, not the three streams' full states. Whether the streams moved is read every
-# batch, so it is read cheaply: each stream's fingerprint (_fingerprints), not its JSON-safe state.
+# Often a worker's state has not changed since it last sent one (a dataset that draws no random numbers).
+# Then the worker ships only its id, and the main process reuses the state it last got from it (_last_sent).
+# That costs a few bytes a batch instead of three streams' full states.
+# The worker checks every batch whether its streams moved, so the check must be cheap.
+# It compares each stream's fingerprint (_fingerprints), not its JSON-safe state.
 #
-# state_dict() reads _worker_states and never talks to a worker. A worker ships its state with every task
-# only when snapshot_every_n_steps=1 (torchdata's name and default); with n > 1 it ships it with the tasks
-# just before every n-th one, where the loader keeps a snapshot. Between snapshots some workers' states are
-# behind (`stale`): state_dict() then saves the last snapshot and how many tasks were handed out since
-# (batches, and errors the consumer caught), and the resumed loader fetches those again and drops them
-# (`replay`), errors included, as torchdata does. Out of order, which batches a replay drops is down to
-# timing, so there every batch carries its worker's state (n = 1); a stateless IterableDataset, which has no
-# state to carry, is replayed per worker instead (`replay_in_workers`: each drops what the consumer had from it).
+# state_dict() reads _worker_states. It never talks to a worker.
+# With snapshot_every_n_steps=1 (torchdata's name and default), a worker ships its state with every task.
+# With n > 1, it ships it only with the tasks just before every n-th one. The loader keeps a snapshot there.
+# Between snapshots, some workers' known states are behind (`stale`).
+# state_dict() then saves the last snapshot and how many tasks were handed out since it.
+# Those tasks are batches and the errors the consumer caught.
+# The resumed loader fetches them again and drops them (`replay`), errors included, as torchdata does.
+# Out of order, which batches a replay would drop depends on timing.
+# So out of order, every batch carries its worker's state (n = 1).
+# A stateless IterableDataset has no state to carry. Out of order it is replayed per worker instead
+# (`replay_in_workers`): each worker drops the batches the consumer had from it.
 #
-# load_state_dict() -> the next iterator: replays the draws (1), skips and dispatches on (2) at its first
-# _try_put_index, and gives worker i its saved WorkerState, restored after worker_init_fn (which may reseed)
-# when the worker makes its first fetcher. A worker whose replica had run out gets a fetcher that has ended.
-# With num_workers=0 the main process's own streams and dataset are the one WorkerState (LoaderState.main),
-# and tasks_done counts the index batches drawn, so a batch whose fetch raised is not fetched again.
+# What load_state_dict() sets up for the next iterator:
+#   * it replays the opening draws (1);
+#   * at its first _try_put_index, it skips what was had and dispatches on (2);
+#   * worker i gets its saved WorkerState (3). The worker restores it when it makes its first fetcher,
+#     after worker_init_fn, which may reseed. A worker whose replica had run out gets a fetcher that has ended.
+# With num_workers=0, the main process's own streams and dataset are the one WorkerState (LoaderState.main).
+# There tasks_done counts the index batches drawn, so a batch whose fetch raised is not fetched again.
 
 STATE_VERSION = 5
 
@@ -148,7 +157,10 @@ def _streams(rng) -> list:
 
 @dataclass
 class WorkerState:
-    """One worker's state after a batch (or the main process's, with no workers): restored, it goes on from there."""
+    """One worker's state just after a batch (with no workers, the main process's).
+
+    A worker restored to it goes on exactly from there.
+    """
 
     ended: bool = False  # its IterableDataset replica had run out this epoch
     streams: list | None = None  # rng_state() of each of _streams(): random, NumPy, torch (None: not imported)
@@ -157,8 +169,11 @@ class WorkerState:
 
 
 def capture_worker_state(rng, dataset: Any, ended: bool = False, fetcher=None) -> WorkerState:
-    """Save the streams a worker's dataset may draw from, and the states of the dataset and of its iterator if
-    they have one (copied: a dataset may hand out its live dict)."""
+    """Save the random streams a worker's dataset may draw from, and the state of the dataset and of its iterator.
+
+    A dataset or iterator's state is saved only if it has one. It is copied, because a dataset may hand out
+    its live dict.
+    """
     it = getattr(fetcher, "dataset_iter", None)
     states = [copy.deepcopy(x.state_dict()) if _has_state(x) else None for x in (dataset, it)]
     if it is dataset:  # its own iterator: its state goes back after iter(dataset), which may reset it
@@ -167,13 +182,19 @@ def capture_worker_state(rng, dataset: Any, ended: bool = False, fetcher=None) -
 
 
 def _has_state(x) -> bool:
-    """Saved and restored only with both methods (torchdata's ``Stateful``): else it is resumed as stateless."""
+    """Whether ``x`` has both ``state_dict`` and ``load_state_dict`` (torchdata's ``Stateful``).
+
+    Only then is its state saved and restored. Otherwise it is resumed as stateless.
+    """
     return hasattr(x, "state_dict") and hasattr(x, "load_state_dict")
 
 
 def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
-    """The fetcher ``create_fetcher()`` makes, on the dataset's saved state (before iter(dataset) reads it); a
-    replica that had run out gets an ended fetcher, so its first task says so."""
+    """Make the fetcher with ``create_fetcher()``, after putting the dataset's saved state back.
+
+    The dataset's state goes back before ``iter(dataset)`` reads it.
+    A replica that had run out gets a fetcher that has ended, so its first task says so.
+    """
     if state is not None and state.dataset is not None:
         dataset.load_state_dict(state.dataset)
     fetcher = create_fetcher()
@@ -185,8 +206,10 @@ def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
 
 
 def _fingerprints(rng) -> tuple:
-    """What tells whether a worker's streams moved since it last sent its state: equal fingerprints, equal states.
-    Read every batch, so each is the cheapest exact read of its stream (see _fingerprint)."""
+    """A cheap, exact summary of a worker's streams: equal fingerprints mean the streams have not moved.
+
+    It is read after every batch, so each stream is read the cheapest exact way (see ``_fingerprint``).
+    """
     return tuple(_fingerprint(g) for g in _streams(rng))
 
 
@@ -194,20 +217,21 @@ def _fingerprint(g) -> Any:
     if g is None:
         return None
     if isinstance(g, random.Random):
-        return g.getstate()  # its 624 words and position, copied out (~10 µs): Python offers no cheaper read
+        return g.getstate()  # its 624 words and its position; Python offers no cheaper exact read
     if isinstance(g, np.random.RandomState):  # NumPy's global generator (the normal it may cache: see _caches_normal)
         return _bit_generator_fingerprint(g._bit_generator)
     if isinstance(g, np.random.Generator):
         return _bit_generator_fingerprint(g.bit_generator)
-    return g.get_state().numpy().tobytes()  # a torch.Generator (~2 µs)
+    return g.get_state().numpy().tobytes()  # a torch.Generator
 
 
 def _bit_generator_fingerprint(bg) -> Any:
     if isinstance(bg, np.random.MT19937) and _mt19937_readable():
-        # MT19937's `state` copies its 624 words into an array one at a time (~30 µs). The struct behind its
-        # ctypes interface holds the same words, then the position: 2,500 bytes, read at once (~0.5 µs).
+        # MT19937's `state` property copies its 624 words out one at a time, which is slow.
+        # The C struct behind its ctypes interface holds the same words, then the position.
+        # Reading those bytes in one go is much cheaper, and just as exact.
         return ctypes.string_at(bg.ctypes.state_address, _MT19937_BYTES)
-    return pickle.dumps(bg.state)  # exact for any bit generator's state, arrays included (PCG64: ~2 µs)
+    return pickle.dumps(bg.state)  # exact for any bit generator's state, arrays included
 
 
 _MT19937_BYTES = 624 * 4 + 4  # uint32_t key[624]; int pos
@@ -215,8 +239,10 @@ _MT19937_BYTES = 624 * 4 + 4  # uint32_t key[624]; int pos
 
 @functools.cache
 def _mt19937_readable() -> bool:
-    """Whether the struct at ``MT19937.ctypes.state_address`` is laid out as ``_bit_generator_fingerprint`` reads it
-    (checked once against ``state``: NumPy does not promise the layout)."""
+    """Whether the struct at ``MT19937.ctypes.state_address`` is laid out as ``_bit_generator_fingerprint`` expects.
+
+    NumPy does not promise that layout, so it is checked once against the ``state`` property.
+    """
     bg = np.random.MT19937(1234)
     bg.random_raw(700)  # a position other than 0 or 624
     state = bg.state["state"]
@@ -225,15 +251,19 @@ def _mt19937_readable() -> bool:
 
 
 def _caches_normal(state: WorkerState) -> bool:
-    """Whether NumPy's legacy generator held a cached normal in ``state``. It draws normals in pairs and keeps the
-    second beside its words: drawing that one moves nothing its fingerprint reads, so while one is cached the
-    fingerprint can't tell, and the worker sends its whole state. (Left unseen: a dataset's ``set_state()`` that
-    keeps the words as they were and adds a cached normal.)"""
+    """Whether NumPy's legacy generator held a cached normal in ``state``.
+
+    That generator draws normals in pairs and keeps the second one beside its words. Drawing the cached one
+    changes nothing the fingerprint reads, so the fingerprint cannot tell. While a normal is cached, the worker
+    therefore sends its whole state. One case stays unseen: a dataset's ``set_state()`` that leaves the words
+    as they were and only adds a cached normal.
+    """
     saved = state.streams[1] if state.streams else None
     return isinstance(saved, dict) and bool(saved.get("has_gauss"))
 
 
 def restore_streams(state: WorkerState | None, rng) -> None:
+    """Put a worker's random streams back as ``state`` saved them; a stream missing on either side is left alone."""
     for g, saved in zip(_streams(rng), state and state.streams or (), strict=False):
         if g is not None and saved is not None:
             set_rng_state(g, saved)
@@ -260,10 +290,11 @@ class LoaderState:
     replay: int = 0  # batches to fetch again and drop after resuming (saved between snapshots)
     done_ahead: list[int] = dataclasses.field(default_factory=list)  # in_order=False: batches past tasks_done had
     exhausted: bool = False  # the epoch had ended: after the replay, start the next one
-    worker_batches: list[int] | None = None  # an IterableDataset's, with workers: tasks had from each at the snapshot
-    replay_in_workers: list[int] | None = None  # a stateless one out of order: batches each worker fetches and drops
-    # An IterableDataset's, with workers: each one's state as the epoch began (None: freshly seeded), from which
-    # a stateless one's epoch starts again (persistent workers' later epochs go on from the last one's streams).
+    worker_batches: list[int] | None = None  # IterableDataset with workers: tasks had from each, at the snapshot
+    replay_in_workers: list[int] | None = None  # stateless, out of order: batches each worker fetches and drops
+    # IterableDataset with workers: each worker's state as the epoch began (None: freshly seeded).
+    # A stateless dataset's epoch starts again from these states.
+    # (Persistent workers begin a later epoch with the streams the last epoch left.)
     epoch_workers: list[WorkerState | None] | None = None
     version: int = STATE_VERSION
 
@@ -344,9 +375,12 @@ class LoaderState:
 
 
 def _from_the_start(state: LoaderState, loader) -> LoaderState:
-    """A stateless IterableDataset mid-epoch: start the epoch again (same seeds) and drop what was had. In order
-    the main process drops the first batches of the epoch; out of order, the batches had need not be the first
-    ones, so each worker drops the ones the consumer had from it, before its first task."""
+    """A stateless IterableDataset saved mid-epoch: start the epoch again with the same seeds, and drop what was had.
+
+    In order, the main process drops the epoch's first batches.
+    Out of order, the batches had need not be the first ones. So each worker drops the batches the consumer
+    had from it, before its first task.
+    """
     # The tasks had: batches and caught errors (an IterableDataset's end is not handed out).
     had = (sum(state.worker_batches) if state.worker_batches is not None else state.tasks_done) + state.replay
     name = type(getattr(loader.dataset, "_datapipe", loader.dataset)).__name__  # a datapipe's, not its wrapper's
@@ -363,9 +397,11 @@ def _from_the_start(state: LoaderState, loader) -> LoaderState:
 
 
 def _after_the_epoch(loader, state: LoaderState) -> LoaderState:
-    """A state saved between epochs at a snapshot (``exhausted``), loaded into a loader without persistent workers:
-    the next epoch's workers start afresh, so only the ended epoch's draws matter. Make them again, fetching
-    nothing, and start the next epoch from there."""
+    """Load a state saved between epochs at a snapshot (``exhausted``) into a loader without persistent workers.
+
+    The next epoch's workers start afresh, so only the ended epoch's random draws matter.
+    Make those draws again, fetching nothing, and start the next epoch from there.
+    """
     generators = generators_of(loader)
     with replaying(generators, state.generators, mid_epoch=True):
         if _is_iter_datapipe(loader.dataset):  # the draws in the order an iterator makes them: the shared seed,
@@ -405,24 +441,29 @@ class _StatefulWorker:
         return index_queue, result_queue, result_queue.create_fetcher
 
     def ships_state(self, idx: int) -> bool:
-        """Whether task ``idx`` carries the worker's state: every task, or those just before a snapshot
-        (each worker's last task before it, whichever worker that is) and at the end of the epoch."""
+        """Whether task ``idx`` carries the worker's state.
+
+        With ``every == 1``, every task does. Otherwise the tasks just before each snapshot do (each
+        worker's last task before it), and so do the tasks at the end of the epoch.
+        """
         n, w = self.every, self.num_workers
         return n == 1 or (n > 0 and (n <= w or idx % n >= n - w)) or \
             (self.epoch_len is not None and idx >= self.epoch_len - w)
 
 
 class _StatefulResultQueue:
-    """A worker's result queue that ships the worker's state with its batches, its end, and a new epoch's ack;
-    its ``create_fetcher`` restores the saved state before the worker's first fetcher."""
+    """A worker's result queue that ships the worker's state with its batches, its end, and a new epoch's ack.
+
+    Its ``create_fetcher`` puts the saved state back when the worker makes its first fetcher.
+    """
 
     def __init__(self, queue, worker_id: int, layer: _StatefulWorker, create_fetcher) -> None:
         self.queue, self.worker_id, self.layer, self._create_fetcher = queue, worker_id, layer, create_fetcher
         self.resume, self.fetcher, self.replay = layer.resume, None, layer.replay
-        self.last_sent = None  # (ended, _fingerprints) of the last WorkerState sent: an equal one goes as the id
+        self.last_sent = None  # (ended, _fingerprints) of the last state sent; when unchanged, the id goes instead
 
     def create_fetcher(self, kind, dataset, auto_collation, collate_fn, drop_last):
-        if self.resume is not None:  # the first fetcher, after worker_init_fn (which may reseed): the saved state wins
+        if self.resume is not None:  # runs after worker_init_fn, which may reseed: the saved state wins
             restore_streams(self.resume, get_worker_info().rng)
         self.fetcher = resumed_fetcher(self.resume, dataset, lambda: self._create_fetcher(
             kind, dataset, auto_collation, collate_fn, drop_last))
@@ -445,15 +486,17 @@ class _StatefulResultQueue:
         try:
             if isinstance(idx, _ResumeIteration):  # no fetcher yet
                 r = ship(r, "state", (self.worker_id, self._capture(info, (False, _fingerprints(info.rng)), None)))
-            elif ended or self.layer.ships_state(idx):  # ended: also when a short last batch used the replica up
+            elif ended or self.layer.ships_state(idx):  # a short last batch may have used the replica up too
                 r = ship(r, "state", self._state(info, ended))
-        except Exception:  # the dataset's state_dict() failed: raised in the main process, with this batch
+        except Exception:  # the dataset's state_dict() failed: the main process raises it, in this batch's place
             r = idx, ExceptionWrapper(where=f"in DataLoader worker {self.worker_id}'s dataset.state_dict()")
         self.queue.put(r)
 
     def _state(self, info, ended: bool):
-        """The worker's state now, or its id if that equals the last state sent (only streams and ``ended`` to
-        compare: a dataset or iterator with its own state always sends it)."""
+        """The worker's state now, or just its id if the state equals the last one sent.
+
+        Only the streams and ``ended`` are compared. A dataset or iterator with its own state always sends it.
+        """
         if any(_has_state(x) for x in (info.dataset, getattr(self.fetcher, "dataset_iter", None))):
             return capture_worker_state(info.rng, info.dataset, ended, self.fetcher)
         now = (ended, _fingerprints(info.rng))
@@ -462,9 +505,9 @@ class _StatefulResultQueue:
         return self._capture(info, now, self.fetcher)
 
     def _capture(self, info, now: tuple, fetcher) -> WorkerState:
-        """The worker's whole state; ``now``, its fingerprint, is what the next batches compare with."""
+        """The worker's whole state. ``now`` is its fingerprint, which the next batches compare with."""
         state = capture_worker_state(info.rng, info.dataset, now[0], fetcher)
-        self.last_sent = None if _caches_normal(state) else now  # None: no fingerprint equals it
+        self.last_sent = None if _caches_normal(state) else now  # None equals no fingerprint: the next state is sent
         return state
 
     def __getattr__(self, name):  # cancel_join_thread, close: the queue's own
@@ -477,8 +520,8 @@ class _StatefulResultQueue:
 def generators_of(loader) -> list:
     """The generators the loader and its samplers draw from; ``None`` stands for the global one.
 
-    The global one is included only when something draws from it (no generator given), so a
-    loader driven by a NumPy generator never imports torch to read torch's global state.
+    The global one is included only when something draws from it (a part given no generator).
+    So a loader driven by a NumPy generator never imports torch just to read torch's global state.
     """
     batch_sampler = loader.batch_sampler
     owners = (loader, loader.sampler, batch_sampler, getattr(batch_sampler, "sampler", None))
@@ -533,35 +576,40 @@ def stateful_iterators(single: type, multi: type) -> tuple[type, type]:
 
 
 class _StatefulIterMixin:
-    """What both stateful iterators share: the epoch's opening draws recorded or replayed, its end noticed."""
+    """What both stateful iterators share: they record or replay the epoch's opening draws, and note its end."""
 
     def _take_resume_state(self, loader) -> LoaderState | None:
-        """Before the iterator starts: the state load_state_dict() left (None: a fresh epoch). The loader keeps it
-        until the iterator has started (``_started``): if this iter() fails, the next one resumes from it again."""
+        """Take the state load_state_dict() left, before the iterator starts (None: a fresh epoch).
+
+        The loader keeps that state until the iterator has started (``_started``).
+        So if this iter() fails, the next one resumes from the same state.
+        """
         self._resumed = loader._resume_state
         self._generators = generators_of(loader)
-        # The generators' states before this epoch's first draw: saved as they are, or the saved ones to replay.
+        # The generators' states before this epoch's first draw: read now, or, when resuming, the saved ones.
         self._generator_states = self._resumed.generators if self._resumed else capture_generators(self._generators)
-        # Persistent workers' later epochs reuse the first base_seed; so does an epoch resumed from one of them.
+        # Persistent workers' later epochs reuse the first base_seed. So does an epoch resumed from one of them.
         self._epoch_draws_base_seed = self._resumed.draws_base_seed if self._resumed else True
-        self._exhausted = False  # state_dict() after the end of an epoch saves the start of the next
+        self._exhausted = False  # once the epoch has ended, state_dict() saves the start of the next one
         return self._resumed
 
     def _started(self, loader) -> None:
-        """The iterator stands where the loaded state said: the loader's state_dict() asks it from now on."""
+        """Mark the iterator as standing where the loaded state said. From now on, state_dict() asks this iterator."""
         loader._resume_state = None
-        loader._last_iterator = self  # a strong reference, as torchdata's: state_dict() after a `break` needs it
+        loader._last_iterator = self  # a strong reference, as torchdata keeps: state_dict() after a `break` needs it
 
     def _resumed_base_seed(self, loader) -> int:
-        """A resumed epoch's base_seed: drawn again from the replayed generators, as the saved epoch drew it."""
+        """A resumed epoch's base_seed, drawn again from the replayed generators as the saved epoch drew it."""
         resumed = self._resumed
         drawn = _random.draw_seed(loader.generator) if resumed.draws_base_seed else None
         # A persistent loader's later epoch draws none: its workers kept the first one.
         return drawn if resumed.base_seed is None else resumed.base_seed
 
     def _skip_consumed(self, tasks_done: int) -> None:
-        """Draw the index batches the consumer had, unfetched, and the next one too (a sampler may draw in chunks),
-        while the generators are replayed."""
+        """Draw, without fetching them, the index batches the consumer had, while the generators are replayed.
+
+        The next index batch is drawn too, because a sampler may draw its random numbers in chunks.
+        """
         for _ in range(tasks_done):
             next(self._sampler_iter, None)
         if tasks_done > 0:
@@ -569,9 +617,11 @@ class _StatefulIterMixin:
             self._sampler_iter = iter(()) if first is _END else itertools.chain([first], self._sampler_iter)
 
     def _replay(self, resumed: LoaderState) -> None:
-        """Fetch again, and drop, the batches had after the snapshot the state was saved from. ``replay`` counts
-        tasks: an error the consumer caught is one too, and is dropped here as the batches are. What a traced
-        loader records of the hand-overs is dropped with them: the consumer never had these batches."""
+        """Fetch again, and drop, the batches had since the snapshot the state was saved from.
+
+        ``replay`` counts tasks, so an error the consumer caught counts too. It is dropped here like a batch.
+        A traced loader's records of these hand-overs are dropped as well: the consumer never had these batches.
+        """
         self._num_yielded = resumed.num_yielded
         trace = getattr(self, "_trace", None)
         recorded = len(trace.raw) if trace is not None else 0
@@ -582,7 +632,7 @@ class _StatefulIterMixin:
                     next(self)
                 except StopIteration:
                     break
-                except Exception:  # the dataset's error (any, with no workers), had and caught by the consumer
+                except Exception:  # the dataset's error, which the consumer had and caught (with no workers: any error)
                     if not (self._dropped_an_error or self._num_workers == 0):
                         raise  # a worker died: the iterator can't go on
         finally:
@@ -591,7 +641,7 @@ class _StatefulIterMixin:
             trace.raw[recorded:] = [e for e in trace.raw[recorded:] if e[0] not in ("wait", "yield", "consumer")]
             self._last_yield = None
 
-    _dropping = False  # replaying: the batches handed out are dropped
+    _dropping = False  # True while replaying: the batches handed out are dropped
     _dropped_an_error = False  # with workers, the last task handed out while replaying was the dataset's error
 
     def __next__(self):
@@ -603,6 +653,7 @@ class _StatefulIterMixin:
 
 
 def _load_map_dataset(loader, resumed: LoaderState) -> None:
+    """With no workers, put a map dataset's saved state back (an IterableDataset's goes back with its fetcher)."""
     if loader._dataset_kind == _DatasetKind.Map and resumed.main is not None and resumed.main.dataset is not None:
         loader.dataset.load_state_dict(resumed.main.dataset)
 
@@ -616,22 +667,22 @@ class _StatefulSingleIter(_StatefulIterMixin):
         with replaying(self._generators, self._generator_states, mid_epoch) if resumed is not None else nullcontext():
             if resumed is not None and not mid_epoch:  # a map dataset's state goes back where it was saved:
                 _load_map_dataset(loader, resumed)  # before the epoch's draws (it may set the global generator)...
-            super().__init__(loader)  # base_seed drawn again; the fetcher made on the saved dataset state
+            super().__init__(loader)  # draws base_seed again, and makes the fetcher on the saved dataset state
             self._skip_consumed(resumed.tasks_done if resumed is not None else 0)
         if resumed is not None:
-            restore_streams(resumed.main, None)  # after the replay, which sets the global generator back
+            restore_streams(resumed.main, None)  # after `replaying`, which sets the global generator back
             if mid_epoch:  # ...or after them
                 _load_map_dataset(loader, resumed)
         self._tasks_drawn = resumed.tasks_done if resumed is not None else 0  # index batches drawn, errors too
         if resumed is not None:
             self._replay(resumed)
-            if resumed.replay:  # a stateless IterableDataset's replay drew from the streams: put them where they stood
+            if resumed.replay:  # a stateless IterableDataset's replay drew from the streams: put them back again
                 restore_streams(resumed.main, None)
         self._started(loader)
 
     def _next_index(self):
         index = super()._next_index()
-        self._tasks_drawn += 1  # a batch whose fetch raised is had too: a caught error is not fetched again
+        self._tasks_drawn += 1  # counted before the fetch: a caught error is not fetched again on resume
         return index
 
     def _layer_create_fetcher(self, create_fetcher):  # an iterable dataset's state goes back before iter() reads it
@@ -646,14 +697,14 @@ class _StatefulSingleIter(_StatefulIterMixin):
 
 
 class _StatefulMultiIter(_StatefulIterMixin):
-    """``num_workers > 0``, resumable: each worker's state comes with its batches (see NOTE above)."""
+    """``num_workers > 0``, resumable: each worker's state comes with its batches (see NOTE [ Resuming mid-epoch ])."""
 
     def __init__(self, loader) -> None:
         resumed = self._take_resume_state(loader)
-        # Out of order, a replay can't drop the batches that were had (see NOTE): every batch carries its state.
+        # Out of order, a replay cannot tell which batches were had (see the NOTE), so every batch carries its state.
         self._every = (loader.snapshot_every_n_steps or 0) if loader.in_order else 1
         self._continue_from = resumed  # taken by the first _try_put_index
-        self._skip_ahead = set()  # out of order: tasks past the first one sent that the consumer had had
+        self._skip_ahead = set()  # out of order: later tasks the consumer had already had before the save
         mid_epoch = resumed is not None and resumed.mid_epoch
         with replaying(self._generators, self._generator_states, mid_epoch) if resumed else nullcontext():
             super().__init__(loader)  # starts the workers and sends the first tasks
@@ -664,7 +715,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
                 if resumed.exhausted:  # saved between epochs at a snapshot: finish that epoch, then start the next
                     deque(self, maxlen=0)  # runs the iterator to its end
                     self._reset(loader)
-            except BaseException:  # the loader keeps the loaded state: iter() can be tried again
+            except BaseException:  # the loader still holds the loaded state, so iter() can be tried again
                 self._shutdown_workers()
                 raise
         self._started(loader)
@@ -672,7 +723,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
     def _layer_workers(self, worker_id: int) -> tuple:
         resume = self._resumed.workers[worker_id] if self._resumed is not None and self._resumed.workers else None
         epoch_len = _len_or_none(self._index_sampler) if self._dataset_kind == _DatasetKind.Map else None
-        replay = self._resumed and self._resumed.replay_in_workers  # an IterableDataset's: a BatchSampler or none
+        replay = self._resumed and self._resumed.replay_in_workers  # an IterableDataset: a BatchSampler or none
         replay = replay and (replay[worker_id], self._auto_collation and [None] * self._index_sampler.batch_size)
         layer = _StatefulWorker(self._every, self._num_workers, epoch_len, resume, *(replay or ()))
         return (*super()._layer_workers(worker_id), layer)
@@ -681,8 +732,8 @@ class _StatefulMultiIter(_StatefulIterMixin):
         resumed = self._resumed if first_iter else None
         if first_iter:  # each worker's state after the last batch the consumer had from it (None: freshly seeded)
             self._worker_states = list(resumed and resumed.workers or [None] * self._num_workers)
-            self._last_sent = [None] * self._num_workers  # the last WorkerState each worker sent (see NOTE)
-        else:  # a new epoch on persistent workers: its draws start from here; each worker's ack brings its state
+            self._last_sent = [None] * self._num_workers  # the last WorkerState each worker sent (see the NOTE)
+        else:  # a new epoch on persistent workers: its draws start here, and each worker's ack brings its state
             self._generator_states, self._epoch_draws_base_seed = capture_generators(self._generators), False
         self._stale = [False] * self._num_workers  # True: a batch without its state was handed out since
         self._pending = [deque() for _ in range(self._num_workers)]  # states of batches received, not handed out
@@ -753,7 +804,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
 
     def _current(self) -> _Snapshot | None:
         """Where the consumer stands, if every worker's state after its last batch handed out is known."""
-        k = self._rcvd_idx  # out of order, the loop may not have stepped past tasks had already, or skipped
+        k = self._rcvd_idx  # it may still point at a task already had out of order, or skipped: step past those
         while (k < self._send_idx and k not in self._task_info) or k in self._skip_ahead:
             k += 1
         workers, stale = list(self._worker_states), list(self._stale)
@@ -815,13 +866,16 @@ def load_loader_state(loader, state: dict) -> None:
 
 
 def _between_epochs(loader, it) -> LoaderState:
-    """The state that starts the next epoch: its draws come from the generators as they are now.
-    Persistent workers carry on with their base_seed and their streams; with no workers, the dataset's state."""
+    """The state that starts the next epoch. Its draws come from the generators as they are now.
+
+    Persistent workers carry on with their base_seed and their streams.
+    With no workers, the state also holds the dataset's own state.
+    """
     generators = capture_generators(generators_of(loader))
     extra: dict = {}
     if it is not None and it is loader._iterator:  # persistent workers: they carry their streams on
         at = it._current()
-        if at is None:  # a worker's last state is behind: resume at the last snapshot and replay to the end
+        if at is None:  # a worker's known state is behind: resume at the last snapshot and replay to the end
             return dataclasses.replace(it._state_dict(loader), exhausted=True)
         extra = dict(workers=[s and dataclasses.replace(s, ended=False, iterator=None) for s in at.workers],
                      base_seed=it._base_seed, draws_base_seed=False)  # the next epoch's iter() starts afresh

@@ -1,15 +1,13 @@
-"""See inside the loader: an event for every step of a batch's life, and what they add up to.
+"""Tracing: ``DataLoader(..., trace=True)`` records an event for every step of every batch's life.
 
-``DataLoader(..., trace=True)`` records, per batch: the indices sent to a worker, each
-``__getitem__``, the collate, the pickling (in a process worker), the put on the result queue, the
-receipt in the main process, time held in the reorder buffer, pinning, the hand-over to the
-consumer, and the consumer's own time between batches. This module turns those events into rows,
-a timeline (Gantt) plot, a Chrome trace (open it in Perfetto or chrome://tracing) and a diagnosis
-of where the time goes.
-PyTorch has no counterpart; the names follow the loader's own (``_send_idx``, the reorder buffer).
+The steps are: the indices sent to a worker, each ``__getitem__``, the collate, the pickling (process workers
+only), the put on the result queue, the receipt in the main process, the time held in the reorder buffer,
+pinning, the hand-over to the consumer, and the consumer's own time between batches. ``Trace`` turns the
+events into rows, a timeline (Gantt) plot, a Chrome trace (open it in Perfetto or chrome://tracing) and a
+diagnosis of where the time went. PyTorch has no counterpart. The names follow the loader's own.
 
-Clocks: ``time.perf_counter()`` is the system-wide monotonic clock on Linux and macOS, so events
-recorded in worker processes and in the main process share one time axis.
+Every event is stamped with ``time.perf_counter()``. On Linux and macOS that clock is the same in every
+process, so events from the workers and from the main process share one time axis.
 """
 
 from __future__ import annotations
@@ -140,7 +138,7 @@ class _TracedMapDatasetFetcher(_MapDatasetFetcher):
 
     def fetch(self, possibly_batched_index):
         samples, rec = self.dataset, self.recorder
-        if self.auto_collation:  # one sample, converted, records no span
+        if self.auto_collation:  # a batch gets a "fetch" span; a single sample, only converted, gets none
             self._fetch_span = rec.span("fetch", rec.batch)
             self._fetch_span.__enter__()
         samples.indices, samples.stamps = [], [now()]
@@ -201,13 +199,13 @@ class _TracedTaskQueue:
 
 
 class _Pickled:
-    """A batch pickled already, in the worker's own thread; unpickling it gives back the batch itself.
+    """A batch already pickled in the worker's own thread. Unpickling it gives back the batch itself.
 
-    ``multiprocessing.Queue.put`` only appends to a buffer: its feeder thread pickles the batch later, while
-    the worker's main thread runs the next sample. That pickling moves the batch's tensors into shared memory
-    (with the ``file_system`` strategy, the first share starts ``torch_shm_manager`` and waits for it holding
-    the GIL), so the next sample's traced span would hold this batch's work. A traced worker pickles here
-    instead, between its collate and its put, and records the time as a "pickle" span.
+    ``multiprocessing.Queue.put`` only appends the batch to a buffer. The queue's feeder thread pickles it
+    later, while the worker's main thread is already fetching the next sample. Pickling moves the batch's
+    tensors into shared memory, which takes time and holds the GIL. So that time would land inside the next
+    sample's span. A traced worker therefore pickles the batch itself, between its collate and its put, and
+    records that time as a "pickle" span.
     """
 
     __slots__ = ("payload",)
@@ -220,12 +218,13 @@ class _Pickled:
 
 
 def _start_sharing() -> None:
-    """Share one small tensor, so that what sharing needs in this process is started before the worker's first task.
+    """Share one small tensor, so that tensor sharing is set up before the worker's first task.
 
-    With torch's ``file_system`` strategy (a Mac's only one), the first tensor a process shares starts
-    ``torch_shm_manager`` and waits for it. A worker's first batch would pay that wait inside its collate (a
-    worker collates into shared memory) or its pickling, and look slow for no fault of its samples. Paid here,
-    the wait is part of the worker's start, which ``diagnose`` leaves out.
+    With torch's ``file_system`` strategy (the only one on a Mac), the first tensor a process shares starts
+    ``torch_shm_manager`` and waits for it. Without this call, the worker's first batch would pay that wait
+    in its collate (a worker collates into shared memory) or in its pickling. The batch would look slow
+    through no fault of its samples. Paid here, the wait counts as the worker's start, which ``diagnose``
+    leaves out.
     """
     torch = sys.modules.get("torch")  # a worker that never imported torch shares no tensor
     if torch is not None:
@@ -235,21 +234,21 @@ def _start_sharing() -> None:
 class _TracedResultQueue:
     """A worker's result queue that records each put and ships the task's events with its batch.
 
-    In a process worker it pickles the batch itself, before the put (see ``_Pickled``): a sample's span then
-    holds only that sample's work, whatever the queue's feeder thread does.
+    In a process worker it also pickles the batch itself, before the put (see ``_Pickled``).
+    Then a sample's span holds only that sample's work, whatever the queue's feeder thread does.
     """
 
     def __init__(self, queue, recorder: Recorder, pickles: bool = False) -> None:
         self.queue, self.recorder, self.pickles = queue, recorder, pickles
 
     def put(self, r) -> None:
-        idx = r[0][0] if isinstance(r[0], tuple) else r[0]  # another layer may have shipped its own with it
-        if isinstance(idx, int):  # a batch: acks travel as they are
+        idx = r[0][0] if isinstance(r[0], tuple) else r[0]  # a tuple: another layer already shipped something
+        if isinstance(idx, int):  # a batch; an epoch's ack travels as it is
             if self.pickles:
                 with self.recorder.span("pickle", idx):
                     try:
                         r = (r[0], _Pickled(r[1]))
-                    except Exception:  # raised in the main process, as a failing sample's error is
+                    except Exception:  # the main process raises it, as it raises a failing sample's error
                         r = (r[0], ExceptionWrapper(where=f"in DataLoader worker process {self.recorder.lane[7:]}, "
                                                           f"pickling batch {idx} for the main process"))
             self.recorder.instant("put", idx)
@@ -263,8 +262,9 @@ class _TracedResultQueue:
 class _TracedWorker:
     """The worker side of tracing, handed to each worker in ``_WorkerOptions.layers``.
 
-    In the worker it makes a recorder, traced queues that note each task and ship its events with
-    the batch (``worker.ship``; the traced iterator's ``_get_data`` takes them off), and a traced fetcher.
+    Called in the worker, it makes a recorder, a traced fetcher, and traced queues.
+    The queues note each task and ship its events with the batch (``worker.ship``).
+    The traced iterator's ``_get_data`` takes them off again.
     """
 
     def __init__(self, pickles: bool = False) -> None:
@@ -359,8 +359,10 @@ class _TracedSingleIter(_TracedIterMixin):
 
 
 class _TracedMultiIter(_TracedIterMixin):
-    """``num_workers > 0``, traced: records each send and receive; workers record their own steps and ship them
-    with each batch."""
+    """``num_workers > 0``, traced: the main process records each send and receive.
+
+    The workers record their own steps and ship them with each batch.
+    """
 
     def _layer_workers(self, worker_id: int) -> tuple:
         return (*super()._layer_workers(worker_id), _TracedWorker(pickles=self._worker_method != "thread"))
@@ -410,11 +412,11 @@ def traced_iterators(single: type, multi: type) -> tuple[type, type]:
 
 
 def _reorder_events(events: list[dict]) -> list[dict]:
-    """Reorder spans, derived from each batch's receive and the consumer's wait for it (in order only).
+    """The reorder spans, worked out from each batch's receive and the consumer's wait for it (in order only).
 
-    "reorder": a batch that arrived while an earlier one was still to be handed out sat in the
-    reorder buffer from its receive to its hand-over. "reorder_block": the consumer waited for a
-    batch while a later one had already arrived.
+    "reorder": a batch arrived while an earlier one was still to be handed out. It sat in the reorder
+    buffer from its receive to its hand-over.
+    "reorder_block": the consumer waited for a batch while a later one had already arrived.
     """
     received: dict[int, float] = {}
     epochs: list[list[tuple[int, float, dict]]] = [[]]  # (batch, receive, wait) in hand-over order

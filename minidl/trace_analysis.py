@@ -1,7 +1,7 @@
-"""Reading a trace: where the time went (``Diagnosis``), what to change (advice), and a timeline plot.
+"""Reading a trace: where the time went (``Diagnosis``), what to change (its advice), and a timeline plot.
 
-``Trace.diagnose()`` and ``Trace.plot()`` call this module; minidl/trace.py records the events it reads.
-It works on ``Trace.rows()`` alone, so it never imports the recording side back.
+``Trace.diagnose()`` and ``Trace.plot()`` call this module. minidl/trace.py records the events it reads.
+It reads only ``Trace.rows()``, so it never imports the recording side.
 """
 
 from __future__ import annotations
@@ -16,21 +16,24 @@ from minidl._utils import process_cpu_count
 
 @dataclass
 class Diagnosis:
-    """Numbers derived from a trace, and a plain-language verdict (``print(diagnosis)``)."""
+    """Numbers worked out from a trace, and a verdict in words (``print(diagnosis)``).
 
-    wall: float  # s, from the first request for a batch to the last hand-over
-    wait_share: float  # share of wall the consumer spent waiting inside next()
-    consumer_step: float  # s, mean time the consumer spent between batches
-    batch_time: float  # s, mean time to fetch and collate one batch (in a worker, or in main)
-    worker_utilisation: dict[str, float]  # lane -> share of wall spent fetching and collating
-    reorder_lost: float  # s the consumer waited while a later batch sat ready in the reorder buffer
-    transport: float  # s, mean time from a worker's put to the main process's receive
-    pin: float  # s, mean time to pin one batch
-    workers_needed: int  # workers that would keep up with the measured consumer step
-    io_bound: bool  # loading spent under half its time on the CPU: it mostly waits
+    Times are in seconds; shares are fractions of ``wall``.
+    """
+
+    wall: float  # from the consumer's first wait for a batch to the last hand-over, start-up left out
+    wait_share: float  # the share of wall the consumer spent waiting inside next()
+    consumer_step: float  # the mean time the consumer spent between batches
+    batch_time: float  # the mean time to fetch and collate one batch (in a worker, or in the main process)
+    worker_utilisation: dict[str, float]  # for each lane, the share of wall it spent fetching and collating
+    reorder_lost: float  # the time the consumer waited while a later batch sat ready in the reorder buffer
+    transport: float  # the mean time from a worker's put to the main process's receive
+    pin: float  # the mean time to pin one batch
+    workers_needed: int  # how many workers would keep up with the measured consumer step
+    io_bound: bool  # loading spent under half its time on the CPU, so it mostly waits
     bottleneck: str  # "loader" or "consumer"
     advice: list[str]
-    startup: float = 0.0  # s of the consumer's first wait, each epoch, before any worker began to fetch (left out)
+    startup: float = 0.0  # the consumer's wait for workers to start (see _startup); the numbers above leave it out
 
     def __str__(self) -> str:
         ms = 1e3
@@ -79,16 +82,16 @@ def diagnose(trace, cores: int | None = None) -> Diagnosis:
         busy[e["lane"]] += e["end"] - e["start"]
         per_batch[(e["lane"], e["batch"])] += e["end"] - e["start"]
         cpu += e.get("cpu", 0.0)
-    # Loading that mostly waits (storage, network, sleep) rather than computes is I/O-bound:
-    # then more workers than cores still help, and threads are the cheapest workers.
+    # Loading that mostly waits (on storage, the network, a sleep) rather than computes is I/O-bound.
+    # Then more workers than cores still help, and threads are the cheapest workers.
     io_bound = cpu < 0.5 * sum(busy.values())
     batch_time = _mean(list(per_batch.values()))
     # A slow batch: one that took over twice as long as the median batch to load.
     slow_batch = bool(per_batch) and max(per_batch.values()) > 2 * statistics.median(per_batch.values())
     utilisation = {lane: t / wall if wall > 0 else 0.0 for lane, t in sorted(busy.items())}
 
-    # Transport: of the time between a worker's put and the main process's receipt, only the part
-    # the main process spent waiting for it (a batch queued while the consumer trained costs nothing).
+    # Transport counts only the part of the time from a worker's put to the receipt that the main process
+    # spent waiting. A batch that sat in the queue while the consumer trained costs nothing.
     puts = {e["batch"]: e["start"] for e in by["put"]}
     transport = _mean([e["start"] - max(puts[e["batch"]], e["waited_since"]) for e in by["receive"]
                        if e["batch"] in puts])
@@ -107,11 +110,12 @@ def diagnose(trace, cores: int | None = None) -> Diagnosis:
 
 
 def _startup(sends: list[dict], waits: list[dict], fetches: list[dict]) -> float:
-    """Seconds the consumer waited for workers to start: of each epoch's first wait, the part before any fetch began.
+    """Seconds the consumer waited for workers to start: in each epoch's first wait, the part before any fetch.
 
-    An epoch starts where task 0 is sent. A forked worker starts in milliseconds; one started with ``spawn`` or
-    ``forkserver`` imports its modules anew (a second or more with torch). That one-off cost is left out of the
-    waits, so the diagnosis reads the same whatever the start method (``persistent_workers=True`` pays it once).
+    An epoch starts where task 0 is sent. A forked worker starts almost at once. A worker started with
+    ``spawn`` or ``forkserver`` imports its modules afresh, which is slow when torch is among them.
+    This one-off cost is left out of the waits, so the diagnosis reads the same under every start method.
+    (With ``persistent_workers=True`` it is paid only in the first epoch.)
     """
     total = 0.0
     for send in (e for e in sends if e["batch"] == 0):
@@ -124,6 +128,7 @@ def _startup(sends: list[dict], waits: list[dict], fetches: list[dict]) -> float
 
 def _advise(trace, bottleneck, wait_share, waited, batch_time, utilisation, reorder_lost, transport, pin,
             workers_needed, cores, io_bound, slow_batch) -> list[str]:
+    """The advice a Diagnosis prints: one line for each change this trace points to."""
     n = trace.num_workers
     if bottleneck == "consumer":
         return [f"nothing in the loader: the consumer waited only {wait_share:.0%} of the time; "
@@ -159,7 +164,7 @@ COLOURS = {"getitem": "#9ecae1", "fetch": "#3182bd", "collate": "#31a354", "pick
 
 
 def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline", caption: str | None = None):
-    """Draw ``rows`` as horizontal bars on one lane per worker/thread; returns the matplotlib Axes."""
+    """Draw ``rows`` as horizontal bars, one lane per worker or thread, and return the matplotlib Axes."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -172,7 +177,7 @@ def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline",
                 for r in rows if r["event"] == event]
         for lane_y in {b[2] for b in bars}:
             spans = [(x, w) for x, w, ly in bars if ly == lane_y]
-            inner = event in ("getitem", "reorder_block")  # drawn inside a fetch / a wait: keep them on top
+            inner = event in ("getitem", "reorder_block")  # drawn thinner, on top of the fetch or wait they sit in
             height = 0.35 if inner else 0.7
             ax.broken_barh(spans, (lane_y - height / 2, height), color=colour, label=event, zorder=3 if inner else 2)
         for x, w, lane_y in bars:
