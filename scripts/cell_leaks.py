@@ -35,7 +35,8 @@ def children(kernel_pid: int) -> Snapshot:
             if proc.status() == psutil.STATUS_ZOMBIE:
                 continue  # exited, not yet reaped: nothing left running
             cmdline = " ".join(proc.cmdline())
-            forked_by_helper = " ".join(proc.parent().cmdline()) == cmdline  # a forkserver's workers share its line
+            parent = proc.parent()  # None once the parent has gone
+            forked_by_helper = parent is not None and " ".join(parent.cmdline()) == cmdline  # a forkserver's workers
             if any(helper in cmdline for helper in HELPERS) and not forked_by_helper:
                 continue
             found[(proc.pid, proc.create_time())] = cmdline
