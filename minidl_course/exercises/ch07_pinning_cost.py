@@ -51,12 +51,20 @@ class Measured:
 
 def measure(pin_copy: Callable[..., np.ndarray], rounds: int = ROUNDS) -> Measured:
     """``CALLS_PER_ROUND`` calls of ``pin_copy(batch, lock_pages)`` against as many ``copy_into(reused, batch)``, in
-    interleaved rounds."""
+    interleaved rounds. A fresh buffer's cost depends on whether malloc can hand back memory just freed (pages
+    already mapped in), so each call's buffer is dropped before the next, as the exercise's loop drops it."""
     batch = make_batch()
     reused = np.empty_like(batch)
-    calls = range(CALLS_PER_ROUND)
-    times = harness.interleaved({"pinned": lambda: [pin_copy(batch, pinning_demo.lock_pages) for _ in calls],
-                                 "reused": lambda: [copy_into(reused, batch) for _ in calls]}, rounds=rounds)
+
+    def pinned() -> None:  # each buffer dropped before the next call, as a loop that keeps no result drops it
+        for _ in range(CALLS_PER_ROUND):
+            pin_copy(batch, pinning_demo.lock_pages)
+
+    def copied() -> None:
+        for _ in range(CALLS_PER_ROUND):
+            copy_into(reused, batch)
+
+    times = harness.interleaved({"pinned": pinned, "reused": copied}, rounds=rounds)
     return Measured(*([t / CALLS_PER_ROUND for t in times[way]] for way in ("pinned", "reused")))
 
 
@@ -125,8 +133,9 @@ def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | Non
         "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.",
         f"that is more than {RATIO_FACTOR}x away from the median of the checker's rounds (measured twice if "
         "the first disagreed)",
-        "time both in interleaved rounds (several calls per round), and report the median of the per-round "
-        "ratios pin_copy time / reused copy time.",
+        "time both in interleaved rounds (several calls per round, each result dropped before the next call: "
+        "buffers kept alive in a list cost more, since the allocator cannot hand their memory back), and report "
+        "the median of the per-round ratios pin_copy time / reused copy time.",
         "you divided the other way round: pin_copy's time / the reused copy's time.")
     case = f"reuse_pays={reuse_pays!r}, with pinning a fresh buffer {measured.ratio:.2f}x a reused copy"
     if not isinstance(reuse_pays, bool):
