@@ -67,9 +67,10 @@ def race(dataset: PhotoEpoch, workers: int, batch_size: int, rounds: int) -> dic
 
 
 def medians(results: Mapping[str, list[StartupCost]]) -> dict[str, StartupCost]:
-    """Each kind's median first batch and median steady pace, as one ``StartupCost``."""
+    """Each kind's median first batch, steady pace and one-batch time, as one ``StartupCost``."""
     return {kind: StartupCost(costs[0].start_method, statistics.median(c.first_batch_s for c in costs),
-                              statistics.median(c.per_batch_s for c in costs), costs[0].batches)
+                              statistics.median(c.per_batch_s for c in costs), costs[0].batches,
+                              statistics.median(c.batch_s for c in costs))
             for kind, costs in results.items()}
 
 
@@ -119,7 +120,7 @@ def verdicts(results: Mapping[str, list[StartupCost]], workers: int, load: float
     startup = procs.startup_s
     if procs.dominant == "start-up" or p > 1 >= w or w < p * 0.9:  # the start took the epoch below its pace
         out.append(f"Start-up ({procs.start_method}): the process workers' first batch came after "
-                   f"{procs.first_batch_s:.2f} s, {startup:.2f} s more than a batch takes, against "
+                   f"{procs.first_batch_s:.2f} s, {startup:.2f} s more than making one batch takes here, against "
                    f"{procs.steady_s:.2f} s for the other {procs.batches - 1} batches; over the epoch they make "
                    f"x{w:.2f}, not the x{p:.2f} of their steady pace.")
     else:

@@ -3,7 +3,8 @@
 A process worker is made by fork (a copy of the parent, Linux's default to Python 3.13), forkserver (a copy
 of a small server process, Linux's default from 3.14) or spawn (a fresh interpreter that imports NumPy,
 minidl and torch again: macOS's and Windows' default). ``startup_cost`` names the method a loader uses and
-times one epoch of a fresh loader: the wait for the first batch beside the time per batch after it.
+times one epoch of a fresh loader: the wait for the first batch beside the time per batch after it, and what
+making one batch costs in this process, so that the start is the first batch's wait less one batch's work.
 """
 
 from __future__ import annotations
@@ -35,11 +36,16 @@ class StartupCost:
     first_batch_s: float  # iter() until the first batch is in hand: starting the workers, then one batch
     per_batch_s: float  # from the first batch to the last, per batch (worker shutdown not included)
     batches: int
+    batch_s: float  # making one batch (fetch and collate) in this process: the work behind the first batch
 
     @property
     def startup_s(self) -> float:
-        """What the first batch took beyond an ordinary batch: the start itself."""
-        return max(0.0, self.first_batch_s - self.per_batch_s)
+        """What the first batch took beyond making one batch: the start itself.
+
+        Not ``first_batch_s - per_batch_s``: with N workers the steady pace is one batch every 1/N of a worker's
+        batch, while the first batch waits for one worker to make a whole one.
+        """
+        return max(0.0, self.first_batch_s - self.batch_s)
 
     @property
     def steady_s(self) -> float:
@@ -60,8 +66,29 @@ class StartupCost:
                 f"{'s' if self.dominant == 'start-up' else ''}")
 
 
+def one_batch_s(loader: Any, tries: int = 2) -> float:
+    """Seconds to make one batch in this process, as a worker makes it: ``loader.collate_fn`` over
+    ``loader.dataset`` at the first ``batch_size`` indices (the quickest of ``tries``, so a one-off import or
+    cold cache in this process is not counted as work). A map-style dataset only: an iterable one has no index."""
+    dataset = loader.dataset
+    if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+        raise TypeError(f"one_batch_s needs a map-style dataset (with __getitem__ and __len__), got "
+                        f"{type(dataset).__name__}")
+    size = min(loader.batch_size or 1, len(dataset))
+    best = float("inf")
+    for _ in range(tries):
+        start = time.perf_counter()
+        if loader.batch_size is None:  # automatic batching off: a "batch" is one sample, converted
+            loader.collate_fn(dataset[0])
+        else:
+            loader.collate_fn([dataset[i] for i in range(size)])
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def startup_cost(make_loader: Callable[[], Iterable]) -> StartupCost:
-    """Time one epoch of a fresh ``make_loader()``: its start method, first-batch wait and steady time per batch.
+    """Time one epoch of a fresh ``make_loader()``: its start method, first-batch wait and steady time per batch,
+    then one batch made in this process (``one_batch_s``, after the epoch so it warms nothing the epoch reads).
 
     A fresh loader each call, so its workers start as an epoch without ``persistent_workers`` starts them.
     The epoch needs two batches at least (one to wait for, one to pace).
@@ -74,4 +101,5 @@ def startup_cost(make_loader: Callable[[], Iterable]) -> StartupCost:
         stamps.append(time.perf_counter())
     if len(stamps) < 2:
         raise ValueError(f"make_loader should give a loader of at least 2 batches, got {len(stamps)}")
-    return StartupCost(method, stamps[0] - start, (stamps[-1] - stamps[0]) / (len(stamps) - 1), len(stamps))
+    return StartupCost(method, stamps[0] - start, (stamps[-1] - stamps[0]) / (len(stamps) - 1), len(stamps),
+                       one_batch_s(loader))

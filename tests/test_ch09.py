@@ -62,7 +62,8 @@ def test_the_race_times_each_kind_once_a_round_with_its_start_method(dataset):
 
 def costs(first_batch: dict[str, float], per_batch: dict[str, float], method: str = "spawn", batches: int = 8):
     methods = {"no workers": "main process", "thread workers": "thread", "process workers": method}
-    return {k: [StartupCost(methods[k], first_batch[k], per_batch[k], batches)] for k in ch09.KINDS}
+    return {k: [StartupCost(methods[k], first_batch[k], per_batch[k], batches, per_batch["no workers"])]
+            for k in ch09.KINDS}
 
 
 def test_threads_that_keep_pace_are_said_to_and_a_cheap_start_is_not_blamed():

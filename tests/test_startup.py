@@ -61,6 +61,45 @@ def test_startup_cost_counts_the_epoch_and_puts_the_start_in_the_first_batch(kin
     assert str(cost).startswith(f"{expected}: first batch ") and "for the other 5 batches: " in str(cost)
 
 
+class SlowItems:
+    """A map-style dataset whose every item sleeps ``seconds`` (top level: spawned workers import it)."""
+
+    def __init__(self, n: int, seconds: float) -> None:
+        self.n, self.seconds = n, seconds
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> int:
+        time.sleep(self.seconds)
+        return i
+
+
+def test_the_start_is_the_first_batch_less_one_batch_made_here_not_less_the_steady_pace():
+    # 4 workers: the pace is a batch every 10 ms, but the first batch waited for one worker's whole 40 ms batch.
+    cost = StartupCost("fork", first_batch_s=0.30, per_batch_s=0.01, batches=20, batch_s=0.04)
+    assert cost.startup_s == pytest.approx(0.26)
+    assert StartupCost("fork", first_batch_s=0.03, per_batch_s=0.01, batches=20, batch_s=0.04).startup_s == 0.0
+
+
+@pytest.mark.timeout(120)
+def test_startup_cost_times_one_batch_made_in_this_process():
+    item_s = 0.01
+    make = partial(minidl.DataLoader, SlowItems(24, item_s), batch_size=4, num_workers=2)
+    cost = startup_cost(make)
+    assert cost.batch_s >= 4 * item_s  # four items, each sleeping: it cannot take less
+    assert cost.startup_s == max(0.0, cost.first_batch_s - cost.batch_s)
+
+
+def test_one_batch_needs_a_map_style_dataset_and_says_so():
+    class Stream(minidl.IterableDataset):
+        def __iter__(self):
+            return iter(range(8))
+
+    with pytest.raises(TypeError, match="one_batch_s needs a map-style dataset .* got Stream"):
+        startup_cost(partial(minidl.DataLoader, Stream(), batch_size=2))
+
+
 def test_startup_cost_of_a_loader_without_workers():
     cost = startup_cost(partial(minidl_loader, 0))
     assert (cost.start_method, cost.batches) == ("main process", 6)
@@ -72,14 +111,14 @@ def test_startup_cost_needs_two_batches_and_says_so():
 
 
 def test_summary_says_which_part_dominates():
-    slow_start = StartupCost("spawn", first_batch_s=1.01, per_batch_s=0.01, batches=11)
+    slow_start = StartupCost("spawn", first_batch_s=1.01, per_batch_s=0.01, batches=11, batch_s=0.01)
     assert slow_start.startup_s == pytest.approx(1.0) and slow_start.steady_s == pytest.approx(0.1)
     assert slow_start.dominant == "start-up"
     assert str(slow_start) == ("spawn: first batch 1.010 s, then 10.0 ms a batch; start-up 1.000 s (~100 batches' "
                                "worth) against 0.100 s for the other 10 batches: start-up dominates")
-    one_batch = StartupCost("fork", first_batch_s=0.02, per_batch_s=0.01, batches=11)
+    one_batch = StartupCost("fork", first_batch_s=0.02, per_batch_s=0.01, batches=11, batch_s=0.01)
     assert "(~1 batch's worth)" in str(one_batch)
-    long_epoch = StartupCost("fork", first_batch_s=0.05, per_batch_s=0.01, batches=101)
+    long_epoch = StartupCost("fork", first_batch_s=0.05, per_batch_s=0.01, batches=101, batch_s=0.01)
     assert long_epoch.dominant == "the batches" and str(long_epoch).endswith(": the batches dominate")
-    quicker_than_a_batch = StartupCost("thread", first_batch_s=0.005, per_batch_s=0.01, batches=3)
+    quicker_than_a_batch = StartupCost("thread", first_batch_s=0.005, per_batch_s=0.01, batches=3, batch_s=0.01)
     assert quicker_than_a_batch.startup_s == 0.0 and quicker_than_a_batch.dominant == "the batches"
