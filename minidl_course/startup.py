@@ -88,7 +88,8 @@ def one_batch_s(loader: Any, tries: int = 2) -> float:
 
 def startup_cost(make_loader: Callable[[], Iterable]) -> StartupCost:
     """Time one epoch of a fresh ``make_loader()``: its start method, first-batch wait and steady time per batch,
-    then one batch made in this process (``one_batch_s``, after the epoch so it warms nothing the epoch reads).
+    then, for a loader with workers, one batch made in this process (``one_batch_s``, after the epoch so it warms
+    nothing the epoch reads).
 
     A fresh loader each call, so its workers start as an epoch without ``persistent_workers`` starts them.
     The epoch needs two batches at least (one to wait for, one to pace).
@@ -101,5 +102,7 @@ def startup_cost(make_loader: Callable[[], Iterable]) -> StartupCost:
         stamps.append(time.perf_counter())
     if len(stamps) < 2:
         raise ValueError(f"make_loader should give a loader of at least 2 batches, got {len(stamps)}")
-    return StartupCost(method, stamps[0] - start, (stamps[-1] - stamps[0]) / (len(stamps) - 1), len(stamps),
-                       one_batch_s(loader))
+    per_batch = (stamps[-1] - stamps[0]) / (len(stamps) - 1)
+    # Without workers every batch is made here, one after another: the epoch's own pace is one batch's work.
+    batch = per_batch if method == "main process" else one_batch_s(loader)
+    return StartupCost(method, stamps[0] - start, per_batch, len(stamps), batch)

@@ -97,7 +97,7 @@ def test_one_batch_needs_a_map_style_dataset_and_says_so():
             return iter(range(8))
 
     with pytest.raises(TypeError, match="one_batch_s needs a map-style dataset .* got Stream"):
-        startup_cost(partial(minidl.DataLoader, Stream(), batch_size=2))
+        startup_cost(partial(minidl.DataLoader, Stream(), batch_size=2, num_workers=2, worker_method="thread"))
 
 
 def test_startup_cost_of_a_loader_without_workers():
