@@ -60,6 +60,16 @@ def durations(path: Path, method: str, quick: bool, timeout: int) -> tuple[list[
     return seconds, errors, wall
 
 
+def ran_long(times: list[float], factor: float, slack: float) -> list[float]:
+    """The times over ``factor`` x the median of ``times`` and more than ``slack`` seconds over it.
+
+    >>> ran_long([1.0, 1.1, 0.9, 5.0], 2.0, 2.0), ran_long([0.1, 0.1, 0.5], 2.0, 2.0)
+    ([5.0], [])
+    """
+    median = statistics.median(times)
+    return [t for t in times if t > factor * median and t > median + slack]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("notebook", type=Path)
@@ -92,8 +102,7 @@ def main() -> int:
             if not times:
                 print(f"  cell {cell}: never ran")
                 continue
-            median = statistics.median(times)
-            long = [t for t in times if t > args.factor * median and t > median + args.slack]
+            median, long = statistics.median(times), ran_long(times, args.factor, args.slack)
             unrun = sum(run[0][k] is None for run in runs)
             failed = sum(cell in run[1] for run in runs)
             if long or unrun or failed:
