@@ -82,8 +82,9 @@ def main() -> int:
     parser.add_argument("--csv", type=Path, help="write every cell's seconds per run here")
     args = parser.parse_args()
     path = args.notebook.resolve()
-    code_cells = [i for i, c in enumerate(__import__("nbformat").read(path, as_version=4).cells)
-                  if c.cell_type == "code"]
+    import nbformat
+
+    code_cells = [i for i, c in enumerate(nbformat.read(path, as_version=4).cells) if c.cell_type == "code"]
     rows = []
     for method in args.methods:
         runs = []
@@ -111,10 +112,9 @@ def main() -> int:
                       f"{len(times)}" + (f"; not run {unrun}" if unrun else "")
                       + (f"; errors {failed}" if failed else ""))
         if not long_any:
-            slowest = max(code_cells, key=lambda c: max(
-                (run[0][code_cells.index(c)] or 0) for run in runs))
-            k = code_cells.index(slowest)
-            print(f"  none; slowest cell {slowest}: max {max(run[0][k] or 0 for run in runs):.1f} s")
+            most = [max(run[0][k] or 0 for run in runs) for k in range(len(code_cells))]  # per code cell
+            k = most.index(max(most))
+            print(f"  none; slowest cell {code_cells[k]}: max {most[k]:.1f} s")
     if args.csv:
         with args.csv.open("w", newline="") as f:
             writer = csv.writer(f)
