@@ -216,8 +216,11 @@ def _fingerprints(rng) -> tuple:
 def _fingerprint(g) -> Any:
     if g is None:
         return None
-    if isinstance(g, random.Random):
-        return g.getstate()  # its 624 words and its position; Python offers no cheaper exact read
+    if isinstance(g, random.Random):  # its words and position, then the normal gauss() may keep
+        offset = _python_random_offset()
+        if offset is None:
+            return g.getstate()
+        return ctypes.string_at(id(g) + offset, _MT19937_BYTES), g.gauss_next
     if isinstance(g, np.random.RandomState):  # NumPy's global generator (the normal it may cache: see _caches_normal)
         return _bit_generator_fingerprint(g._bit_generator)
     if isinstance(g, np.random.Generator):
@@ -248,6 +251,34 @@ def _mt19937_readable() -> bool:
     state = bg.state["state"]
     expected = np.asarray(state["key"], np.uint32).tobytes() + int(state["pos"]).to_bytes(4, sys.byteorder)
     return ctypes.string_at(bg.ctypes.state_address, _MT19937_BYTES) == expected
+
+
+@functools.cache
+def _python_random_offset() -> int | None:
+    """Where a ``random.Random``'s words and position lie, in bytes from the object's address; None if not found.
+
+    ``getstate()`` builds a tuple of 625 ints on each call, and comparing two of them costs as much again: over
+    half of what the fingerprints cost a batch. CPython keeps the same values in the object itself (an int
+    position, then 624 uint32 words), so they are read in one go, as MT19937's are. CPython does not promise
+    that layout (nor that ``id()`` is an address), so the values ``getstate()`` gives are looked for once in a
+    probe's bytes, and a second probe must read back its own.
+    """
+    probes = [random.Random(seed) for seed in (1234, 5678)]
+    for g, draws in zip(probes, (700, 3)):
+        for _ in range(draws):  # a position other than 0 or 624
+            g.random()
+    expected = [_python_random_bytes(g) for g in probes]
+    size = type(probes[0]).__basicsize__
+    found = ctypes.string_at(id(probes[0]), size).find(expected[0])
+    if found < 0 or ctypes.string_at(id(probes[1]) + found, _MT19937_BYTES) != expected[1]:
+        return None
+    return found
+
+
+def _python_random_bytes(g: random.Random) -> bytes:
+    """A ``random.Random``'s position and words as CPython's struct holds them (see ``_python_random_offset``)."""
+    *words, position = g.getstate()[1]
+    return position.to_bytes(4, sys.byteorder) + np.asarray(words, np.uint32).tobytes()
 
 
 def _caches_normal(state: WorkerState) -> bool:

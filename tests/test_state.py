@@ -200,6 +200,7 @@ def test_fingerprints_follow_every_stream():
     from minidl import state
 
     assert state._mt19937_readable()  # this platform reads MT19937's words at once (the cheap path)
+    assert state._python_random_offset() is not None  # and Python's random.Random's
     streams = [random.Random(1), np.random.RandomState(2), np.random.default_rng(3), torch.Generator().manual_seed(4),
                np.random.Generator(np.random.MT19937(5))]
     draws = [lambda g: g.random(), lambda g: g.rand(), lambda g: g.random(), lambda g: torch.rand((), generator=g),
@@ -210,6 +211,23 @@ def test_fingerprints_follow_every_stream():
         assert state._fingerprint(g) != before, type(g)
         state.set_rng_state(g, saved)
         assert state._fingerprint(g) == before, type(g)
+
+
+def test_python_random_fingerprint_is_its_state():
+    """The cheap read of a random.Random equals the state getstate() gives, and sees gauss()'s kept normal go."""
+    from minidl import state
+
+    g = random.Random(7)
+    for draws in (0, 1, 623, 624, 625, 2000):
+        g.seed(7)
+        for _ in range(draws):
+            g.random()
+        words, kept = state._fingerprint(g)
+        assert words == state._python_random_bytes(g) and kept is None
+    g.gauss(0, 1)  # draws two normals, keeps the second without moving the words
+    with_normal = state._fingerprint(g)
+    g.gauss(0, 1)  # uses the kept one: only gauss_next changes
+    assert state._fingerprint(g)[0] == with_normal[0] and state._fingerprint(g) != with_normal
 
 
 def test_a_numpy_driven_loader_does_not_import_torch():
