@@ -97,6 +97,12 @@ def report(rel: str, problems: list[str], seconds: float, failures: dict[str, li
         failures[rel] = problems
 
 
+def recap(failures: dict[str, list[str]]) -> None:
+    """The failures again at the end, where a log's tail (all CI keeps of a long run) still shows them."""
+    for rel, problems in failures.items():
+        print(f"FAILED {rel}: {problems[0][:300]}" + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+
+
 def judge(committed: dict, ran: dict) -> list[str]:
     """What is wrong with the notebook as the browser ran and saved it, cell by cell."""
     problems = []
@@ -202,6 +208,7 @@ def main() -> int:
                     browser.close()
             finally:
                 stop_lab(server)
+    recap(failures)
     print(f"{len(rels) - len(failures)} passed, {len(failures)} failed")
     return 1 if failures else 0
 

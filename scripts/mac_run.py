@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "mac_standin"
 sys.path.insert(0, str(ROOT / "scripts"))
-from browser_run import judge, report  # noqa: E402  (the browser run's verdict, cell by cell, and its report)
+from browser_run import judge, recap, report  # noqa: E402  (the browser run's verdict, cell by cell, and its report)
 from cell_leaks import children, describe, kill, outlived  # noqa: E402  (no worker outlives its cell)
 
 # No process worker, no multiprocessing, no /proc, /dev/shm, psutil, sharing strategy or core count in these:
@@ -112,6 +112,7 @@ def main() -> int:
             report(rel, problems, seconds, failures)
     for rel in alone:
         report(*run_one(rel, args.out), failures)
+    recap(failures)
     left_out = ", ".join(r for r in SKIPPED if r not in rels) or "none"
     why = ("only the notebooks named ran" if args.notebooks
            else f"left out as starting no process and asking nothing: {left_out}")
