@@ -4,6 +4,7 @@ rounds ``one_thread`` and ``two_threads`` clocked; ``speedup`` to the rounds the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import threading
@@ -143,23 +144,18 @@ def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callab
     return Measured(harness.positive_numbers(got) or [], progress, work, clocked, problem, yours)
 
 
-# Stand-in kernels of known speedup whatever the load: each call sleeps in proportion to its range, releasing the
-# GIL (two threads overlap: x2) or holding a lock, as a kernel holding the GIL would (they take turns: x1).
-_TURNS = threading.Lock()
-
-
-def _overlapping(start: int, stop: int) -> int:
-    time.sleep((stop - start) * STANDIN_SECONDS / 1000)
+def _standin(hold: Any, start: int, stop: int) -> int:
+    """A kernel of known speedup whatever the load: it sleeps in proportion to its range, releasing the GIL (two
+    threads overlap: x2) or holding a lock, as a kernel holding the GIL would (they take turns: x1)."""
+    with hold:
+        time.sleep((stop - start) * STANDIN_SECONDS / 1000)
     return 0
 
 
-def _taking_turns(start: int, stop: int) -> int:
-    with _TURNS:
-        return _overlapping(start, stop)
-
-
-STANDINS = ((_overlapping, 2.0, "a stand-in kernel that sleeps, releasing the GIL: two threads overlap"),
-            (_taking_turns, 1.0, "a stand-in kernel that sleeps holding a lock: two threads take turns"))
+STANDINS = ((functools.partial(_standin, contextlib.nullcontext()), 2.0,
+             "a stand-in kernel that sleeps, releasing the GIL: two threads overlap"),
+            (functools.partial(_standin, threading.Lock()), 1.0,
+             "a stand-in kernel that sleeps holding a lock: two threads take turns"))
 
 
 def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],

@@ -14,6 +14,7 @@ import numpy as np
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
+from minidl_course import toy
 from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, _short, call, first_hint
 
@@ -33,14 +34,11 @@ WHY = {  # why the usual answer holds, where this machine measured it too
 }
 
 
-class PythonLoopDataset(Dataset):
+class PythonLoopDataset(toy.RangeDataset):
     """Item ``i``: ``(i, s)``, s a sum computed by a pure-Python loop of ``work`` steps (about 1 ms per 20,000)."""
 
     def __init__(self, n: int = 32, work: int = 250_000) -> None:
         self.n, self.work = n, work
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> tuple[int, int]:
         if not 0 <= index < self.n:
@@ -51,14 +49,11 @@ class PythonLoopDataset(Dataset):
         return index, s
 
 
-class SleepNumpyDataset(Dataset):
+class SleepNumpyDataset(toy.RangeDataset):
     """Item ``i``: a (64, 64) float32 array of ``i``, after ``wait`` seconds asleep (a read, say): no GIL held."""
 
     def __init__(self, n: int = 48, wait: float = 0.004) -> None:
         self.n, self.wait = n, wait
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> np.ndarray:
         if not 0 <= index < self.n:
