@@ -109,7 +109,8 @@ def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: 
     if not ok or None in seconds.values():
         return got, None, ""
     for method, yours in seconds.items():
-        ours, r = watch.seconds(method), harness.off_the_clock(yours, watch.seconds(method))
+        ours = watch.seconds(method)
+        r = harness.off_the_clock(yours, ours)
         if r is not None:
             took = (f"took {ours[r - len(yours)]:.3f} s" if len(ours) >= len(yours) else
                     f"was made {len(ours)} times for {len(yours)} rounds")
