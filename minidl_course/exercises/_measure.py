@@ -39,15 +39,16 @@ class Rounds(dict):
         self.problem = problem
 
     def ratios(self, numerator: Any, denominator: Any) -> list[float]:
+        """``self[numerator][r] / self[denominator][r]`` for each round ``r``."""
         return [n / d for n, d in zip(self[numerator], self[denominator], strict=True)]
 
 
 def held_rounds(names: Sequence[K], rounds: int, run: Callable[[K], tuple[float, float | None]],
                 off: Callable[[K, float, float | None], str] | None = None, factor: float = 1.25,
                 slack: float = 2e-3, warmup: bool = False) -> Rounds:
-    """``run(name)`` once per name per round, the order rotating each round (after a warm-up call each, with
-    ``warmup``). ``run`` gives a figure and the checker's own seconds for the same work (None: none ran);
-    ``problem`` is ``off(name, figure, ours)`` for the first figure off that clock."""
+    """``run(name) -> (figure, the checker's seconds of the same work or None)`` per name per round, the order
+    rotating (after a warm-up call each, with ``warmup``); ``problem``: ``off(name, figure, ours)`` of the first
+    figure off the checker's clock."""
     names = list(names)
     for name in names if warmup else []:
         run(name)
@@ -74,8 +75,7 @@ def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool 
 
 
 class Stopwatch:
-    """Wraps what the checker hands to the learner's timing code: ``calls`` holds ``(args, thread, start, end)`` of
-    each call on the checker's clock."""
+    """What the checker hands to the learner's timing code: ``calls``, ``(args, thread, start, end)`` per call."""
 
     def __init__(self, fn: Callable[..., Any], clock: Callable[[], float] = time.perf_counter) -> None:
         self.fn, self.clock, self.calls = fn, clock, []
@@ -135,7 +135,7 @@ def positive_numbers(got: Any, count: int | None = None) -> list[float] | None:
 
 
 def close(reported: float, measured: float, factor: float) -> bool:
-    """True when ``reported`` is within a factor ``factor`` of ``measured`` (both positive), either way."""
+    """Both positive, and within ``factor`` of each other."""
     return reported > 0 and measured > 0 and max(reported / measured, measured / reported) <= factor
 
 
