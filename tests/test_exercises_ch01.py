@@ -202,11 +202,19 @@ def test_ch01_the_reference_timing_agrees_with_the_checkers_clock_round_by_round
     ch01.judge(collatz_steps, speedup, measured)
 
 
-def test_clock_rounds_pairs_one_thread_and_two_thread_runs():
-    calls = [((1, 6), 1, 0.0, 1.0), ((6, 11), 1, 1.0, 2.0),  # one thread: 2 s
-             ((1, 6), 2, 2.0, 3.0), ((6, 11), 3, 2.0, 3.1)]  # two threads: 1.1 s
-    assert ch01.clock_rounds(calls, 1, 11, 1) == ([2.0 / 1.1], "")
-    assert ch01.clock_rounds(calls[:2] * 2, 1, 11, 1)[1].startswith("round 1 did not")
+def _two_threads_only(kernel, span, rounds):  # two runs a round, both in two threads: no one-thread time
+    for _ in range(rounds):
+        ch01.two_threads(kernel, 1, 1 + span)
+        ch01.two_threads(kernel, 1, 1 + span)
+    return [1.0000001] * rounds
+
+
+@pytest.mark.timeout(120)
+def test_ch01_rounds_that_never_run_one_thread_are_refused():
+    measured = ch01.measure(collatz_steps, _two_threads_only, rounds=2)
+    assert measured.clocked == []
+    rejects_with_hint(ch01.judge, collatz_steps, 1.0000001, measured,
+                      hint="(?s)did not each run the halves once in one thread.*time every round")
 
 
 # --- issue 33, item 3: more of the same families -------------------------------------------------------------

@@ -1,10 +1,6 @@
-"""What the measuring checkers (ch01, ch05_keep_up, ch07, ch09-ch12) share: one rhythm, one rounds-and-clock
-harness, one way to judge a reported figure.
-
-A measuring checker never trusts one timing or a number handed to it: it runs what it compares in rotating rounds,
-so a burst of load hits both sides, and holds each figure the learner's timing code gives to its own clock on the
-same call (``Stopwatch``, ``held_rounds``).
-"""
+"""What the measuring checkers share: one rhythm (``measure_then_judge``), one harness of rotating rounds, and the
+checker's own clock (``Stopwatch``, ``off_the_clock``) that every figure of the learner's timing code is held to;
+then one verdict on a reported figure (``judge_figure``)."""
 
 from __future__ import annotations
 
@@ -23,8 +19,8 @@ K = TypeVar("K")
 
 def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], None], measure: Callable[[], M],
                        report: Callable[[M], str], judge: Callable[[M, _Checks], None]) -> M:
-    """The one rhythm: refuse a reference answer; check the answer's values before anything is timed; measure
-    (a test may pass fixed numbers); print what was measured; judge; print ``All N checks passed``."""
+    """Refuse a reference answer; check the answer's values before anything is timed; measure; print the report;
+    judge; print ``All N checks passed``."""
     refuse_reference(*answers)
     checks = _Checks()
     check_first(checks)
@@ -36,17 +32,23 @@ def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], 
 
 
 class Rounds(dict):
-    """``{name: [figure per round]}`` from ``held_rounds``, and where a figure first left the checker's clock."""
+    """``{name: [figure per round]}``, and ``problem``: where a figure first left the checker's clock ("" if not)."""
 
-    problem = ""
+    def __init__(self, figures: Any = (), problem: str = "") -> None:
+        super().__init__(figures)
+        self.problem = problem
+
+    def ratios(self, numerator: Any, denominator: Any) -> list[float]:
+        """``self[numerator][r] / self[denominator][r]`` for each round ``r``."""
+        return [n / d for n, d in zip(self[numerator], self[denominator], strict=True)]
 
 
 def held_rounds(names: Sequence[K], rounds: int, run: Callable[[K], tuple[float, float | None]],
                 off: Callable[[K, float, float | None], str] | None = None, factor: float = 1.25,
                 slack: float = 2e-3, warmup: bool = False) -> Rounds:
-    """The one harness: ``run(name)`` once per name per round, the order rotating each round (after a warm-up call
-    each, with ``warmup``). ``run`` gives a figure and the checker's own seconds for the same work (None: none ran);
-    ``problem`` is ``off(name, figure, ours)`` for the first figure off that clock ("" if none)."""
+    """``run(name) -> (figure, the checker's seconds of the same work or None)`` per name per round, the order
+    rotating (after a warm-up call each, with ``warmup``); ``problem``: ``off(name, figure, ours)`` of the first
+    figure off the checker's clock."""
     names = list(names)
     for name in names if warmup else []:
         run(name)
@@ -73,8 +75,7 @@ def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool 
 
 
 class Stopwatch:
-    """Wraps what the checker hands to the learner's timing code: ``calls`` holds ``(args, thread, start, end)`` of
-    each call on the checker's clock, for the learner's figures to be held to."""
+    """What the checker hands to the learner's timing code: ``calls``, ``(args, thread, start, end)`` per call."""
 
     def __init__(self, fn: Callable[..., Any], clock: Callable[[], float] = time.perf_counter) -> None:
         self.fn, self.clock, self.calls = fn, clock, []
@@ -134,7 +135,7 @@ def positive_numbers(got: Any, count: int | None = None) -> list[float] | None:
 
 
 def close(reported: float, measured: float, factor: float) -> bool:
-    """True when ``reported`` is within a factor ``factor`` of ``measured`` (both positive), either way."""
+    """Both positive, and within ``factor`` of each other."""
     return reported > 0 and measured > 0 and max(reported / measured, measured / reported) <= factor
 
 
@@ -154,8 +155,8 @@ TYPED = ("report the number your code computed, unrounded (a number typed in, or
 
 def judge_figure(checks: _Checks, case: str, name: str, value: Any, targets: Sequence[float], factor: float,
                  how: str, off: str, hint: str, other_way: str, guesses: Mapping[float, str] | None = None) -> None:
-    """The one verdict on a reported figure: a positive number (else ``how``), as code computes it (a typed or
-    rounded one gets ``guesses[value]`` or ``TYPED``), within ``factor`` of one of ``targets`` (else ``off``, with
+    """The verdict on a reported figure: a positive number (else ``how``), as code computes it (a typed or rounded
+    one gets ``guesses[value]`` or ``TYPED``), within ``factor`` of one of ``targets`` (else ``off``, with
     ``other_way`` when its inverse fits, ``hint`` otherwise)."""
     number = as_number(value)
     if number is None or number <= 0:

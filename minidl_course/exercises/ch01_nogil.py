@@ -1,12 +1,11 @@
-"""Checker for exercise ch01: a Numba kernel that releases the GIL, and the speedup two threads get from it.
-
-It checks ``collatz_steps`` against plain Python, runs ``thread_speedups`` on two stand-in kernels of known speedup
-and on the kernel with every call on the checker's clock, and holds ``speedup`` to the rounds the learner's cell
-timed (``one_thread`` and ``two_threads`` clock every run).
-"""
+"""Checker for exercise ch01: a Numba kernel that releases the GIL, and the speedup two threads get from it. It runs
+``thread_speedups`` on two stand-in kernels of known speedup, then on the learner's, and holds every figure to the
+rounds ``one_thread`` and ``two_threads`` clocked; ``speedup`` to the rounds the learner's own cell ran."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import statistics
 import threading
 import time
@@ -27,6 +26,8 @@ STANDIN_ROUNDS = 3
 CASES = [(1, 3), (1, 8), (1, 2), (27, 28), (2, 3), (100, 200), (1, 1000), (5000, 5001), (999, 1000), (10, 10)]
 # Every run of one_thread or two_threads, on the checker's clock: (kernel, threads, start, stop, seconds).
 RUNS: deque[tuple[Any, int, int, int, float]] = deque(maxlen=4096)
+OTHER_WAY = ("you divided the other way round: speedup = one thread's time / two threads' time, above 1 if threads "
+             "help.")
 
 
 def collatz_steps_python(start: int, stop: int) -> int:
@@ -84,8 +85,8 @@ def logged_rounds(kernel: Any, runs: Any = RUNS) -> list[float]:
 
 @dataclass(frozen=True)
 class Measured:
-    """Your ``thread_speedups`` on your kernel, round by round; the checker's GIL test; the same rounds on the
-    checker's clock; what your timing left out; your notebook's rounds on your kernel, on the checker's clock."""
+    """Your ``thread_speedups`` on your kernel per round; the GIL test; the same rounds on the checker's clock, and
+    what your timing left out; your notebook's rounds on your kernel, on the checker's clock."""
 
     speedups: list[float]
     python_progress: float  # the part of the kernel's run during which a Python thread made progress
@@ -128,52 +129,33 @@ def python_progress(kernel: Callable[[int, int], Any], work: int) -> float:
 
 def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
             rounds: int = ROUNDS) -> Measured:
-    """The GIL test, then ``thread_speedups(kernel, span, rounds)`` with each call of the kernel on a Stopwatch."""
+    """The GIL test, then ``thread_speedups(kernel, span, rounds)``, its rounds clocked by the helpers."""
     yours, work = logged_rounds(kernel), calibrate(kernel)  # the notebook's rounds, before the checker runs any
     progress = python_progress(kernel, work)
     rounds = rounds if progress >= GIL_FREE_FRACTION else 1  # it holds the GIL: threads can't overlap
-    watch = harness.Stopwatch(kernel)
-    got = call(thread_speedups, watch, 2 * work, rounds, what="thread_speedups", case="your kernel")
-    clocked, problem = clock_rounds(watch.calls, 1, 1 + 2 * work, rounds)
+    mine = functools.partial(kernel)  # the kernel under a name of its own: the runs logged under it are this call's
+    got = call(thread_speedups, mine, 2 * work, rounds, what="thread_speedups", case="your kernel")
+    runs = [run for run in RUNS if run[0] is mine and run[2:4] == (1, 1 + 2 * work)]
+    clocked = logged_rounds(mine, runs)
+    problem = first_hint(
+        "", (len(runs) != 2 * rounds, f"your thread_speedups ran the kernel on the halves of the span {2 * len(runs)} "
+             f"times for {rounds} rounds; each round runs both halves in one thread, then in two (4 calls a round)"),
+        (len(clocked) != rounds, "your rounds did not each run the halves once in one thread and once in two"))
     return Measured(harness.positive_numbers(got) or [], progress, work, clocked, problem, yours)
 
 
-def clock_rounds(calls: list[tuple[tuple[int, int], int, float, float]], start: int, stop: int,
-                 rounds: int) -> tuple[list[float], str]:
-    """Each round's speedup from the kernel's calls ``(args, thread, start, end)`` on the halves of the span: a
-    run whose two calls shared a thread over one whose calls did not; or what is missing."""
-    middle = (start + stop) // 2
-    halves = sorted((c for c in calls if c[0] in ((start, middle), (middle, stop))), key=lambda c: c[2])
-    if len(halves) != 4 * rounds:
-        return [], (f"your thread_speedups ran the kernel on the halves of the span {len(halves)} times for {rounds} "
-                    f"rounds; each round runs both halves in one thread, then in two (4 calls a round)")
-    runs = [(a[1] == b[1], max(a[3], b[3]) - a[2]) for a, b in zip(halves[::2], halves[1::2])]
-    clocked = []
-    for r in range(rounds):
-        pair = dict(runs[2 * r:2 * r + 2])
-        if set(pair) != {True, False}:
-            return [], f"round {r + 1} did not run the halves once in one thread and once in two"
-        clocked.append(pair[True] / pair[False])
-    return clocked, ""
-
-
-# Stand-in kernels of known speedup whatever the load: each call sleeps in proportion to its range, releasing the
-# GIL (two threads overlap: x2) or holding a lock, as a kernel holding the GIL would (they take turns: x1).
-_TURNS = threading.Lock()
-
-
-def _overlapping(start: int, stop: int) -> int:
-    time.sleep((stop - start) * STANDIN_SECONDS / 1000)
+def _standin(hold: Any, start: int, stop: int) -> int:
+    """A kernel of known speedup whatever the load: it sleeps in proportion to its range, releasing the GIL (two
+    threads overlap: x2) or holding a lock, as a kernel holding the GIL would (they take turns: x1)."""
+    with hold:
+        time.sleep((stop - start) * STANDIN_SECONDS / 1000)
     return 0
 
 
-def _taking_turns(start: int, stop: int) -> int:
-    with _TURNS:
-        return _overlapping(start, stop)
-
-
-STANDINS = ((_overlapping, 2.0, "a stand-in kernel that sleeps, releasing the GIL: two threads overlap"),
-            (_taking_turns, 1.0, "a stand-in kernel that sleeps holding a lock: two threads take turns"))
+STANDINS = ((functools.partial(_standin, contextlib.nullcontext()), 2.0,
+             "a stand-in kernel that sleeps, releasing the GIL: two threads overlap"),
+            (functools.partial(_standin, threading.Lock()), 1.0,
+             "a stand-in kernel that sleeps holding a lock: two threads take turns"))
 
 
 def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
@@ -181,10 +163,6 @@ def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Ca
     """Check ch01: the kernel's output, ``thread_speedups(kernel, span, rounds)`` (on two stand-in kernels of known
     speedup, then on yours), that the kernel releases the GIL, and ``speedup``. Prints what it measured; raises
     AssertionError at the first problem, with a hint."""
-    def check_first(checks: _Checks) -> None:
-        check_output(kernel, checks)
-        check_timer(thread_speedups, checks)
-
     def report(m: Measured) -> str:
         return (f"Measured: a Python thread ran during {m.python_progress:.0%} of the kernel's run; your "
                 f"thread_speedups on your kernel ({m.work:,} integers per thread), per round: "
@@ -193,8 +171,9 @@ def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Ca
                 + "; the rounds your notebook ran on your kernel, on the checker's clock: "
                 + (", ".join(f"{x:.2f}" for x in m.yours[-12:]) or "none"))
 
-    return harness.measure_then_judge([kernel, thread_speedups], check_first, lambda: measure(kernel, thread_speedups),
-                                      report, lambda measured, checks: judge(kernel, speedup, measured, checks))
+    return harness.measure_then_judge(
+        [kernel, thread_speedups], lambda checks: (check_output(kernel, checks), check_timer(thread_speedups, checks)),
+        lambda: measure(kernel, thread_speedups), report, lambda m, checks: judge(kernel, speedup, m, checks))
 
 
 def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _Checks) -> None:
@@ -219,10 +198,6 @@ def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _C
         checks.passed += 1
 
 
-OTHER_WAY = ("you divided the other way round: speedup = one thread's time / two threads' time, above 1 if threads "
-             "help.")
-
-
 def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
     for start, stop in CASES:
         want, case = collatz_steps_python(start, stop), f"collatz_steps({start}, {stop})"
@@ -237,13 +212,12 @@ def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
 
 
 def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict, from the measurement alone. The GIL: compiled by Numba with ``nogil=True``, a fact whatever the
-    load (the counting thread's share is printed, not judged). Your timing: each round within 1.25x of the same
-    round on the checker's clock. ``speedup``: your code's number, within ``SPEEDUP_FACTOR`` of the median of your
-    notebook's latest rounds (3 or more) on the checker's clock: your measurement, not a new one."""
-    checks = checks or _Checks()
-    options = getattr(kernel, "targetoptions", None)
-    if options is None or not options.get("nogil"):
+    """The verdict, from the measurement alone: the kernel compiled with ``nogil=True`` (a fact whatever the load;
+    the counting thread's share is printed, not judged); each of your rounds within 1.25x of the same round on the
+    checker's clock; ``speedup`` your code's number, within ``SPEEDUP_FACTOR`` of the median of your notebook's
+    latest rounds (3 or more) on the checker's clock."""
+    checks, options, rounds = checks or _Checks(), getattr(kernel, "targetoptions", None), measured.yours
+    if not (options or {}).get("nogil"):
         checks.fail("the GIL test: a Python thread counting while your kernel runs in another",
                     f"the Python thread ran during {measured.python_progress:.0%} of your kernel's run, and your "
                     f"kernel {'was compiled without nogil=True' if options is not None else 'is not compiled'}",
@@ -256,22 +230,22 @@ def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None 
         checks.fail(case, "your thread_speedups returned no list of positive numbers for your kernel",
                     "return one speedup per round, as it did for the stand-in kernels.")
     if measured.problem:
-        checks.fail(case, measured.problem, "time every round: call one_thread and two_threads in each round; a "
-                    "round timed once and its ratio repeated is one measurement, not several.")
+        checks.fail(case, measured.problem, "time every round: time one_thread(kernel, 1, 1 + span) and two_threads("
+                    "kernel, 1, 1 + span) in each round; a round timed once and its ratio repeated is one "
+                    "measurement, not several.")
     r = harness.off_the_clock(measured.speedups, measured.clocked, slack=0)
     if r is not None:
         checks.fail(case, f"round {r + 1}: your thread_speedups says x{measured.speedups[r]:.2f}, but the kernel's "
-                          f"calls in that round give x{measured.clocked[r]:.2f}",
-                    "time each run with time.perf_counter() just before and just after it, and divide one "
-                    "thread's time by two threads' time of the same round.")
-    checks.passed += 1
-    case, rounds = f"your speedup, {speedup!r}, against the rounds your cell timed", measured.yours
+                    f"calls in that round give " + (f"x{measured.clocked[r]:.2f}" if r < len(measured.clocked) else
+                                                    "no round"), "time each run with time.perf_counter() just "
+                    "before and just after it, and divide one thread's time by two threads' time of the same round.")
     if not rounds:
-        checks.fail(case, "one_thread and two_threads never ran your kernel in this notebook",
-                    "in thread_speedups, time one_thread(kernel, 1, 1 + span) and two_threads(kernel, 1, 1 + span); "
-                    "run it on your kernel and set speedup to the median of what it returned.")
+        checks.fail(case, "one_thread and two_threads never ran your kernel in this notebook", "in thread_speedups, "
+                    "time one_thread(kernel, 1, 1 + span) and two_threads(kernel, 1, 1 + span); run it on your kernel "
+                    "and set speedup to the median of what it returned.")
+    checks.passed += 1
     harness.judge_figure(
-        checks, case, "speedup", speedup,
+        checks, f"your speedup, {speedup!r}, against the rounds your cell timed", "speedup", speedup,
         [statistics.median(rounds[-k:]) for k in range(min(3, len(rounds)), len(rounds) + 1)], SPEEDUP_FACTOR,
         "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).",
         "your notebook's rounds on your kernel, as one_thread and two_threads clocked them, were "

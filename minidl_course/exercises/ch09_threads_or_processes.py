@@ -1,9 +1,6 @@
-"""Checker for exercise ch09: threads or processes, for two workloads, decided by measuring.
-
-The learner's ``time_methods(run_epoch, rounds)`` is checked on a stand-in whose epoch times are known, then run on
-an epoch of each workload (a pure-Python loop; a sleep then NumPy), each call on the checker's clock. Either
-answer is accepted where the two methods are within ``BAND`` of each other, in the median or in any round.
-"""
+"""Checker for exercise ch09: threads or processes, for two workloads, decided by measuring. The learner's
+``time_methods(run_epoch, rounds)`` runs on a stand-in of known epoch times, then on an epoch of each workload, every
+call on the checker's clock; where the two methods are within ``BAND``, in the median or any round, either passes."""
 
 from __future__ import annotations
 
@@ -11,13 +8,13 @@ import statistics
 import time
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
+from minidl_course import toy
 from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, _short, call, first_hint
 
@@ -37,14 +34,11 @@ WHY = {  # why the usual answer holds, where this machine measured it too
 }
 
 
-class PythonLoopDataset(Dataset):
+class PythonLoopDataset(toy.RangeDataset):
     """Item ``i``: ``(i, s)``, s a sum computed by a pure-Python loop of ``work`` steps (about 1 ms per 20,000)."""
 
     def __init__(self, n: int = 32, work: int = 250_000) -> None:
         self.n, self.work = n, work
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> tuple[int, int]:
         if not 0 <= index < self.n:
@@ -55,14 +49,11 @@ class PythonLoopDataset(Dataset):
         return index, s
 
 
-class SleepNumpyDataset(Dataset):
+class SleepNumpyDataset(toy.RangeDataset):
     """Item ``i``: a (64, 64) float32 array of ``i``, after ``wait`` seconds asleep (a read, say): no GIL held."""
 
     def __init__(self, n: int = 48, wait: float = 0.004) -> None:
         self.n, self.wait = n, wait
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> np.ndarray:
         if not 0 <= index < self.n:
@@ -84,16 +75,12 @@ def epoch(dataset: Dataset, worker_method: str, num_workers: int = 2) -> None:
             pass
 
 
-@dataclass(frozen=True)
-class Measured:
-    """Seconds per epoch for each (workload, worker_method), one per round, and where your time_methods' figures
+class Measured(harness.Rounds):
+    """``{workload: {method: [seconds per round]}}`` as your time_methods measured it, and ``problem``: where it first
     left the checker's clock ("" if nowhere)."""
 
-    seconds: Mapping[str, Mapping[str, list[float]]]
-    problem: str = ""
-
     def median(self, workload: str, method: str) -> float:
-        return statistics.median(self.seconds[workload][method])
+        return statistics.median(self[workload][method])
 
     def faster(self, workload: str) -> str:
         return min(METHODS, key=lambda m: self.median(workload, m))
@@ -105,29 +92,28 @@ class Measured:
     def round_gaps(self, workload: str) -> list[float]:
         """Round by round, the other method's time over the faster one's (below 1 where that round disagrees)."""
         best = self.faster(workload)
-        other = next(m for m in METHODS if m != best)
-        return [o / b for o, b in zip(self.seconds[workload][other], self.seconds[workload][best])]
+        return harness.Rounds(self[workload]).ratios(METHODS[1 - METHODS.index(best)], best)
 
     def refuses(self, workload: str, answer: str) -> bool:
         """Whether ``judge`` would refuse ``answer``: a clear gap, in the median and every round, the other way."""
-        return self.gap(workload) >= BAND and min(self.round_gaps(workload)) >= BAND and answer != self.faster(workload)
+        return min(self.gap(workload), *self.round_gaps(workload)) >= BAND and answer != self.faster(workload)
 
 
 def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: str) -> tuple[Any, Any, str]:
-    """Your ``time_methods`` on ``run`` with each call on the checker's Stopwatch: what it returned, as
-    ``{method: [seconds]}`` (None if not that), and where it left the checker's clock ("" if nowhere)."""
+    """Your ``time_methods`` on ``run`` on the checker's Stopwatch: what it returned, as ``{method: [seconds]}``
+    (None if not that), and where it first left the checker's clock ("" if nowhere)."""
     watch = harness.Stopwatch(run)
     got = call(time_methods, watch, rounds, what="time_methods", case=case)
     ok = isinstance(got, Mapping) and set(got) == set(METHODS)
     seconds = {m: harness.positive_numbers(got[m], rounds) for m in METHODS} if ok else {}
     if not ok or None in seconds.values():
         return got, None, ""
-    for method in METHODS:
-        ours, yours = watch.seconds(method), seconds[method]
+    for method, yours in seconds.items():
+        ours = watch.seconds(method)
         r = harness.off_the_clock(yours, ours)
         if r is not None:
-            took = f"took {ours[r - len(yours)]:.3f} s" if len(ours) >= len(yours) else (
-                f"was made {len(ours)} times for {len(yours)} rounds")
+            took = (f"took {ours[r - len(yours)]:.3f} s" if len(ours) >= len(yours) else
+                    f"was made {len(ours)} times for {len(yours)} rounds")
             return got, seconds, (f"your time_methods says round {r + 1} of {method!r} took {yours[r]:.3f} s, "
                                   f"but the run_epoch({method!r}) call behind it {took} on the checker's clock")
     return got, seconds, ""
@@ -137,14 +123,14 @@ def measure(time_methods: Callable[[Callable[[str], Any], int], Any], rounds: in
             runs: Mapping[str, Callable[[str], Any]] | None = None) -> Measured:
     """Your ``time_methods`` on each workload's ``run_epoch`` (an epoch of both datasets by default)."""
     runs = runs or {name: (lambda method, d=dataset: epoch(d, method)) for name, dataset in make_datasets().items()}
-    measured, problem = {}, ""
+    measured = Measured()
     for name, run in runs.items():
         got, measured[name], off = timed(time_methods, run, rounds, name)
         if measured[name] is None:
             raise AssertionError(f"your time_methods returned {_short(got)} for {name}: it should return "
                                  f"{{method: [seconds of each round]}}, as it did for the stand-in")
-        problem = problem or (off and f"{name}: {off}")
-    return Measured(measured, problem)
+        measured.problem = measured.problem or (off and f"{name}: {off}")
+    return measured
 
 
 def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faster: Any,
@@ -152,15 +138,10 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
     """Check ch09: ``time_methods(run_epoch, rounds)`` times both methods right (on a stand-in whose epoch times are
     known, then on an epoch of each workload), and ``faster`` maps each workload to the worker_method it measured
     faster there. Prints what it measured; raises AssertionError at the first problem, with a hint."""
-    def check_first(checks: _Checks) -> None:
-        check_answer_shape(faster, checks)
-        check_timer(time_methods, checks)
-
     def report(measured: Measured) -> str:
         return "\n".join(f"Measured by your time_methods, {name}: "
                          + ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
-                         + f" per epoch (median of {len(measured.seconds[name][METHODS[0]])} rounds)"
-                         for name in WORKLOADS)
+                         + f" per epoch (median of {len(measured[name][METHODS[0]])} rounds)" for name in WORKLOADS)
 
     def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
         # Your cell measured before this one: if the machine got busier or quieter since, a clear gap can change
@@ -171,8 +152,9 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
             print(report(measured))
         judge(faster, measured, checks)
 
-    return harness.measure_then_judge([time_methods], check_first, lambda: measure(time_methods), report,
-                                      judge_again_if_refused)
+    return harness.measure_then_judge(
+        [time_methods], lambda checks: (check_answer_shape(faster, checks), check_timer(time_methods, checks)),
+        lambda: measure(time_methods), report, judge_again_if_refused)
 
 
 def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks: _Checks) -> None:
@@ -205,18 +187,18 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
 
 
 def check_answer_shape(faster: Any, checks: _Checks) -> None:
-    case = f"faster = {faster!r}"
+    case, keys = f"faster = {faster!r}", list(WORKLOADS)
     if not isinstance(faster, Mapping):
         checks.fail(case, f"faster should be a dict, but it is {type(faster).__name__}",
-                    f"write a dict with the keys {list(WORKLOADS)}, each mapped to 'multiprocessing' or 'thread'.")
+                    f"write a dict with the keys {keys}, each mapped to 'multiprocessing' or 'thread'.")
     if set(faster) != set(WORKLOADS):
-        checks.fail(case, f"faster should have the keys {list(WORKLOADS)}, but it has {list(faster)}",
+        checks.fail(case, f"faster should have the keys {keys}, but it has {list(faster)}",
                     "one answer per workload, under these names.")
-    for name in WORKLOADS:
-        if faster[name] not in METHODS:
-            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {faster[name]!r}",
+    for name, answer in faster.items():
+        if answer not in METHODS:
+            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {answer!r}",
                         "DataLoader calls processes worker_method='multiprocessing'; write that."
-                        if str(faster[name]).lower().startswith("process")
+                        if str(answer).lower().startswith("process")
                         else "use the names DataLoader's worker_method takes: 'multiprocessing' or 'thread'.")
     checks.passed += 1
 

@@ -1,16 +1,12 @@
 """Checker for exercise ch10: what minidl's DataLoader costs per batch next to torch's, as a median of ratios.
-
-The learner's ``per_batch_seconds(loader)`` is checked on loaders whose timing is known (``PacedLoader``), then run
-by the checker on both loaders in rounds, each figure held to the checker's clock; the reported ratio is held to
-the median of those rounds.
-"""
+The learner's ``per_batch_seconds(loader)`` runs on loaders of known pace, then on both loaders in the checker's
+rounds, each figure held to the checker's stamps of the same batches; the ratio is held to the rounds' median."""
 
 from __future__ import annotations
 
 import statistics
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from minidl.dataloader import DataLoader
@@ -20,7 +16,6 @@ from minidl_course.exercises._common import _Checks, _torch, call, first_hint
 
 BATCHES = 3000
 ROUNDS = 7
-NAMES = ("minidl", "torch")
 RATIO_FACTOR = 1.5  # a reported ratio within this factor of the median of the checker's rounds is accepted
 CLOCK_FACTOR = 1.25  # each figure of your per_batch_seconds must be within this factor of the checker's clock
 CLOCK_HINT = ("stamp time.perf_counter() as each batch arrives, from the first to the last, and divide by the batches "
@@ -43,8 +38,7 @@ class PacedLoader:
     def __iter__(self) -> Iterator[int]:
         time.sleep(self.start)
         for k in range(self.batches):
-            if k:
-                time.sleep(self.every)
+            time.sleep(self.every if k else 0)
             yield k
 
     def __len__(self) -> int:
@@ -52,8 +46,7 @@ class PacedLoader:
 
 
 class Clocked:
-    """A loader as your ``per_batch_seconds`` gets it: ``loader``'s batches, each arrival stamped on the checker's
-    clock; ``per_batch`` is the figure yours should give, from those stamps (0.0 before an epoch)."""
+    """``loader`` as your ``per_batch_seconds`` gets it: each batch's arrival stamped on the checker's clock."""
 
     def __init__(self, loader: Iterable) -> None:
         self.loader, self.arrivals = loader, []
@@ -67,16 +60,12 @@ class Clocked:
     def __len__(self) -> int:
         return len(self.loader)
 
-    @property
-    def per_batch(self) -> float:
-        a = self.arrivals
-        return (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else 0.0
-
 
 def timed(per_batch_seconds: Callable[[Iterable], Any], loader: Iterable, name: str) -> tuple[Any, float]:
-    """Your ``per_batch_seconds`` on ``loader``, and the checker's figure for the same epoch."""
+    """Your ``per_batch_seconds`` on ``loader``, and the checker's seconds per batch for the same epoch (0.0: none)."""
     clocked = Clocked(loader)
-    return call(per_batch_seconds, clocked, what="per_batch_seconds", case=f"the {name} loader"), clocked.per_batch
+    got, a = call(per_batch_seconds, clocked, what="per_batch_seconds", case=f"the {name} loader"), clocked.arrivals
+    return got, (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else 0.0
 
 
 def _off(name: str, got: float, ours: float) -> str:
@@ -85,51 +74,39 @@ def _off(name: str, got: float, ours: float) -> str:
             f"your per_batch_seconds returned {got!r} without running an epoch of the {name} loader")
 
 
-@dataclass(frozen=True)
-class Measured:
-    """Per-batch seconds of each loader, one per round, and where your figures left the checker's clock."""
-
-    minidl: list[float]
-    torch: list[float]
-    problem: str = ""
-
-    @property
-    def ratios(self) -> list[float]:
-        return [m / t for m, t in zip(self.minidl, self.torch, strict=True)]
-
-    @property
-    def ratio(self) -> float:
-        return statistics.median(self.ratios)
+def ratios(measured: harness.Rounds) -> list[float]:
+    """minidl's per-batch seconds over torch's, round by round."""
+    return measured.ratios("minidl", "torch")
 
 
 def measure(per_batch_seconds: Callable[[Iterable], Any], rounds: int = ROUNDS,
-            loaders: dict[str, Iterable] | None = None) -> Measured:
+            loaders: dict[str, Iterable] | None = None) -> harness.Rounds:
     """Your ``per_batch_seconds`` on minidl's and torch's loader (``make_loaders()`` by default), a warm-up each,
     then in rotating rounds, each figure held to the checker's clock."""
     loaders = loaders or make_loaders()
 
     def run(name: str) -> tuple[float, float]:
         got, ours = timed(per_batch_seconds, loaders[name], name)
-        number = harness.as_number(got)
-        if number is None or number <= 0:
+        if not harness.positive_numbers([got]):
             raise AssertionError(f"your per_batch_seconds returned {got!r} for the {name} loader: it should "
                                  "return seconds per batch, a positive number, as it did for PacedLoader")
-        return number, ours
+        return float(got), ours
 
-    figures = harness.held_rounds(NAMES, rounds, run, _off, CLOCK_FACTOR, 1e-6, warmup=True)
-    return Measured(figures["minidl"], figures["torch"], figures.problem)
+    return harness.held_rounds(("minidl", "torch"), rounds, run, _off, CLOCK_FACTOR, 1e-6, warmup=True)
 
 
 def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
-                   measure: Callable[[Callable], Measured] = measure) -> Measured:
+                   measure: Callable[[Callable], harness.Rounds] = measure) -> harness.Rounds:
     """Check ch10: ``per_batch_seconds`` times a loader right, and ``ratio`` agrees with what it measures here
     (measured twice if the first disagrees). Prints what it measured; raises AssertionError at the first problem."""
     return harness.measure_then_judge(
         [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
-        lambda: harness.unless_close(lambda: measure(per_batch_seconds), ratio, lambda m: m.ratio, RATIO_FACTOR),
-        lambda m: (f"Measured with your per_batch_seconds: minidl {statistics.median(m.minidl) * 1e6:.1f} µs per "
-                   f"batch, torch {statistics.median(m.torch) * 1e6:.1f} µs; ratio minidl / torch {m.ratio:.2f} "
-                   f"(median of {len(m.minidl)} rounds, which ranged {min(m.ratios):.2f} to {max(m.ratios):.2f})"),
+        lambda: harness.unless_close(lambda: measure(per_batch_seconds), ratio,
+                                     lambda m: statistics.median(ratios(m)), RATIO_FACTOR),
+        lambda m: (f"Measured with your per_batch_seconds: minidl {statistics.median(m['minidl']) * 1e6:.1f} µs per "
+                   f"batch, torch {statistics.median(m['torch']) * 1e6:.1f} µs; ratio minidl / torch "
+                   f"{statistics.median(ratios(m)):.2f} (median of {len(m['minidl'])} rounds, which ranged "
+                   f"{min(ratios(m)):.2f} to {max(ratios(m)):.2f})"),
         lambda measured, checks: judge(ratio, measured, checks))
 
 
@@ -159,18 +136,17 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
         checks.passed += 1
 
 
-def judge(ratio: Any, measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict on your timing (each figure within ``CLOCK_FACTOR`` of the checker's clock on the same epoch) and
-    on the reported ``ratio``: your code's number, within ``RATIO_FACTOR`` of the median of the rounds."""
-    checks = checks or _Checks()
+def judge(ratio: Any, measured: harness.Rounds, checks: _Checks | None = None) -> None:
+    """The verdict on your timing (``measured.problem``) and on ``ratio``: your code's number, within
+    ``RATIO_FACTOR`` of the median of the rounds."""
+    checks, median = checks or _Checks(), statistics.median(ratios(measured))
     if measured.problem:
         checks.fail("your per_batch_seconds on both loaders, against the checker's clock", measured.problem,
                     CLOCK_HINT)
-    case = f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now"
     harness.judge_figure(
-        checks, case, "ratio", ratio, [measured.ratio], RATIO_FACTOR,
-        "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.",
-        f"your rounds here gave a median of {measured.ratio:.2f} (measured twice if the first disagreed): "
+        checks, f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now", "ratio", ratio,
+        [median], RATIO_FACTOR, "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.",
+        f"your rounds here gave a median of {median:.2f} (measured twice if the first disagreed): "
         f"{ratio} is more than {RATIO_FACTOR}x away",
         "set ratio from your own rounds on this machine (per_batch_seconds on both loaders, minidl's over "
         "torch's each round, the median), not a figure from the README or another machine; if the machine "
