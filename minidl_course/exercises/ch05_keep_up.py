@@ -61,21 +61,21 @@ def given_loader(records: Records) -> DataLoader:
 
 @dataclass(frozen=True, repr=False)
 class Run:
-    """One epoch on the checker's clock: each batch's wait and step; ``batched``: a whole batch per request."""
+    """One epoch on the checker's clock: each batch's wait and step, and how the loader reads. Each worker's first
+    batch carries its start (``skipped``); ``wait_share`` is the median over the rest of the share of the loop (wait +
+    step) spent waiting, so one stall from other work is not taken for the loader's pace."""
 
     waits: list[float]
     steps: list[float]
     workers: int
-    batched: bool
+    batched: bool  # a whole batch per request (batch_size=None, or a dataset with __getitems__)
 
     @property
     def skipped(self) -> int:
-        """Each worker's first batch (the main process's, with none), which carries its start."""
         return min(max(1, self.workers), len(self.waits))
 
     @property
     def wait_share(self) -> float:
-        """The median share of the loop (wait + step) spent waiting: one stall from other work is not the pace."""
         shares = [w / (w + s) for w, s in zip(self.waits[self.skipped:], self.steps[self.skipped:]) if w + s > 0]
         return statistics.median(shares) if shares else 0.0
 
@@ -83,10 +83,9 @@ class Run:
         return f"Run(workers={self.workers}, batched={self.batched}, wait_share={self.wait_share:.2f})"
 
     def __str__(self) -> str:
-        counted = len(self.waits) - self.skipped
-        how = f"{self.workers} worker{'s' if self.workers != 1 else ''}" if self.workers else "no workers"
-        return (f"{how}, a {'batch' if self.batched else 'record'} per request: the step waited "
-                f"{self.wait_share:.0%} of the time for a typical batch (median; a mean "
+        counted, how = len(self.waits) - self.skipped, f"{self.workers} worker{'s' * (self.workers != 1)}"
+        return (f"{how if self.workers else 'no workers'}, a {'batch' if self.batched else 'record'} per request: "
+                f"the step waited {self.wait_share:.0%} of the time for a typical batch (median; a mean "
                 f"{sum(self.waits[self.skipped:]) / max(counted, 1) * 1e3:.1f} ms a batch beside a "
                 f"{STEP_S * 1e3:.0f} ms step), over the {counted} batches after the first {self.skipped} "
                 f"(start-up: {sum(self.waits[:self.skipped]):.2f} s)")
@@ -170,11 +169,14 @@ def check_loader(loader: Any, records: Records, checks: _Checks, case: str) -> N
 def check_batches(batches: list, records: Records, checks: _Checks, case: str) -> None:
     """The batches are ``DataLoader(records, batch_size=16)``'s: their form first (a batch of the wrong size is a hint
     of its own), then their number, then what they hold."""
+    torch = _torch()
     batches = [list(b) if isinstance(b, tuple) else b for b in batches]
-    want = [[_torch().from_numpy(a[k * BATCH:(k + 1) * BATCH].copy()) for a in (records._images, records._labels)]
+    want = [[torch.from_numpy(a[k * BATCH:(k + 1) * BATCH].copy()) for a in (records._images, records._labels)]
             for k in range(len(batches))]
-    misshapen = [k for k, got in enumerate(batches[:BATCHES])
-                 if not _pair(got) or any(g.dtype != w.dtype or g.shape != w.shape for g, w in zip(got, want[k]))]
+    images = [b[0] if isinstance(b, list) and len(b) == 2 and all(isinstance(x, torch.Tensor) for x in b) else None
+              for b in batches]  # a batch that is [images, labels] at all, else None
+    misshapen = [k for k, got in enumerate(batches[:BATCHES]) if images[k] is None
+                 or any(g.dtype != w.dtype or g.shape != w.shape for g, w in zip(got, want[k]))]
     if len(batches) != BATCHES and not misshapen:
         more = len(batches) > BATCHES
         checks.fail(case, f"the loader gave {'more than ' if more else ''}{BATCHES if more else len(batches)} "
@@ -184,26 +186,18 @@ def check_batches(batches: list, records: Records, checks: _Checks, case: str) -
                     "another batch size, skips some.")
     for k in misshapen + list(range(len(batches))):
         if problem := first_difference(want[k], batches[k], f"batch {k}"):
-            checks.fail(case, problem, _batch_hint(batches[k][0] if _pair(batches[k]) else None, records))
+            shape = () if images[k] is None else tuple(images[k].shape)
+            checks.fail(case, problem, first_hint(
+                f"each batch is [images, labels]: a ({BATCH}, 3, 8, 8) uint8 tensor and ({BATCH},) int64 labels, as "
+                f"DataLoader(records, batch_size={BATCH}) gives; a collate_fn of your own must give the same.",
+                (len(shape) == 5 and shape[1] == BATCH, "the loader batched your batches: with a BatchSampler as "
+                 "sampler=, pass batch_size=None so each of its batches goes out as it is."),
+                (len(shape) == 4 and shape[0] != BATCH, f"keep batches of {BATCH}: the training step is tuned for "
+                 "them, and smaller batches are a different training run, not a faster loader."),
+                (shape == (BATCH, 3, 8, 8) and bool((torch.from_numpy(records._images) == images[k][0]).all(
+                    dim=(1, 2, 3)).any()), "those are records, but not the right ones: the batches come in order (no "
+                 f"shuffle, and in_order left True), records 0-{BATCH - 1}, then {BATCH}-{2 * BATCH - 1}, ...")))
     checks.passed += 1
-
-
-def _pair(batch: Any) -> bool:
-    return isinstance(batch, list) and len(batch) == 2 and all(isinstance(x, _torch().Tensor) for x in batch)
-
-
-def _batch_hint(images: Any, records: Records) -> str:
-    shape = () if images is None else tuple(images.shape)
-    return first_hint(
-        f"each batch is [images, labels]: a ({BATCH}, 3, 8, 8) uint8 tensor and ({BATCH},) int64 labels, as "
-        f"DataLoader(records, batch_size={BATCH}) gives; a collate_fn of your own must give the same.",
-        (len(shape) == 5 and shape[1] == BATCH, "the loader batched your batches: with a BatchSampler as sampler=, "
-         "pass batch_size=None so each of its batches goes out as it is."),
-        (len(shape) == 4 and shape[0] != BATCH, f"keep batches of {BATCH}: the training step is tuned for them, and "
-         "smaller batches are a different training run, not a faster loader."),
-        (shape == (BATCH, 3, 8, 8) and bool((_torch().from_numpy(records._images) == images[0]).all(dim=(1, 2, 3))
-         .any()), "those are records, but not the right ones: the batches come in order (no shuffle, and in_order "
-         f"left True), records 0-{BATCH - 1}, then {BATCH}-{2 * BATCH - 1}, ..."))
 
 
 def judge(run: Run, checks: _Checks, case: str = "your loader") -> None:
@@ -217,7 +211,7 @@ def judge(run: Run, checks: _Checks, case: str = "your loader") -> None:
              "batches are read during the step, or read each batch in one request."),
             (run.workers == 0, "a batch in one request is quick, but with no workers it is still read while the step "
              "waits; one worker would read it during the step."),
-            (not run.batched, f"{run.workers} worker{'s' if run.workers > 1 else ''}, each reading a batch in about "
+            (not run.batched, f"{run.workers} worker{'s' * (run.workers > 1)}, each reading a batch in about "
              f"{PER_BATCH * 1e3:.0f} ms, deliver one every ~{PER_BATCH / max(run.workers, 1) * 1e3:.0f} ms; the step "
              f"takes {STEP_S * 1e3:.0f} ms. Add workers until that is shorter than the step, or read each batch in "
              "one request.")))

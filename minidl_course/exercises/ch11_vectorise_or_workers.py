@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from minidl.dataloader import DataLoader
-from minidl.dataset import Dataset
+from minidl.dataset import TensorDataset
 from minidl_course.cores import core_count
 from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call
@@ -44,17 +44,11 @@ def per_sample_transform(image: np.ndarray) -> np.ndarray:
     return out
 
 
-class ImageDataset(Dataset):
-    """``images``, each through ``per_sample_transform`` as it is read: option 1's dataset."""
-
-    def __init__(self, images: np.ndarray) -> None:
-        self.images = images
-
-    def __len__(self) -> int:
-        return len(self.images)
+class ImageDataset(TensorDataset):
+    """``ImageDataset(images)[i]`` is ``per_sample_transform(images[i])``: option 1's dataset."""
 
     def __getitem__(self, index: int) -> np.ndarray:
-        return per_sample_transform(self.images[index])
+        return per_sample_transform(self.tensors[0][index])
 
 
 def workers_epoch(images: np.ndarray, num_workers: int = WORKERS) -> None:
@@ -73,7 +67,8 @@ def vectorised_epoch(images: np.ndarray, transform_batch: Callable[[np.ndarray],
 
 @dataclass(frozen=True)
 class Measured:
-    """Each option's seconds per epoch, a round each, and transform_batch's speed-up on one batch over the loop."""
+    """Each option's seconds per epoch, a round each, and transform_batch's speed-up over the loop on one batch;
+    ``speedup`` is the median of the rounds' workers' epoch / vectorised epoch (below 1: vectorising is slower)."""
 
     workers: list[float]
     vectorised: list[float]
@@ -85,7 +80,6 @@ class Measured:
 
     @property
     def speedup(self) -> float:
-        """The median of the per-round ratios workers' epoch / vectorised epoch (below 1: vectorising is slower)."""
         return statistics.median(self.speedups)
 
 
@@ -103,8 +97,8 @@ def measure(transform_batch: Callable[[np.ndarray], np.ndarray], rounds: int = R
 def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds: Any, choice: Any,
                    measure: Callable[[Callable], Measured] = measure) -> Measured:
     """Check ch11: ``transform_batch`` is right and vectorised; ``seconds`` (``{"workers": s, "vectorised": s}``) and
-    ``choice`` ("vectorise" or "workers") match the checker's rounds. Raises AssertionError with a hint, or prints
-    what it measured."""
+    ``choice`` match the checker's rounds (measured twice if the first disagrees). Prints what it measured; raises
+    AssertionError at the first problem, with a hint."""
     def check_first(checks: _Checks) -> None:
         check_transform(transform_batch, checks)
         check_answer_shape(seconds, choice, checks)
@@ -154,22 +148,20 @@ def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks:
         checks.passed += 1
     small, large = (python_steps(transform_batch, make_images(b, 8, seed=3)) for b in (SMALL, LARGE))
     if large - small >= (LARGE - SMALL) / 2:
-        checks.fail(f"transform_batch on batches of {SMALL} and of {LARGE} images",
-                    f"it ran {small} steps of Python for {SMALL} images and {large} for {LARGE}: "
-                    "Python work for every image",
+        checks.fail(f"transform_batch on batches of {SMALL} and of {LARGE} images", f"it ran {small} steps of Python "
+                    f"for {SMALL} images and {large} for {LARGE}: Python work for every image",
                     "a loop over the images (or over rows), a comprehension or a map is not vectorised: write it as "
                     "a few operations on the whole (B, H, W, 3) array, whose number doesn't grow with B.")
     checks.passed += 1
 
 
 def python_steps(fn: Callable[[np.ndarray], Any], batch: np.ndarray) -> int:
-    """Lines run and calls made in Python outside NumPy (and calls into NumPy's Python) while ``fn(batch)`` runs:
-    a vectorised transform makes the same few for any batch size; a loop over the images, a few per image."""
-    count = 0
+    """Lines and calls run in Python while ``fn(batch)`` runs, NumPy's own Python counted as one call each: a
+    vectorised transform runs the same few for any batch size; a loop over the images, a few per image."""
+    count = [0]
 
     def trace(frame, event, arg):
-        nonlocal count
-        count += 1
+        count[0] += 1
         return None if frame.f_globals.get("__name__", "").startswith("numpy") else trace
 
     saved = sys.gettrace()
@@ -178,7 +170,7 @@ def python_steps(fn: Callable[[np.ndarray], Any], batch: np.ndarray) -> int:
         call(fn, batch, what="transform_batch", case=f"a batch of {len(batch)} images")
     finally:
         sys.settrace(saved)
-    return count
+    return count[0]
 
 
 def check_answer_shape(seconds: Any, choice: Any, checks: _Checks) -> None:
@@ -196,8 +188,7 @@ def check_answer_shape(seconds: Any, choice: Any, checks: _Checks) -> None:
 
 def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Checks | None = None) -> None:
     """The verdict on the reported times and the choice, from the checker's measurement alone."""
-    checks = checks or _Checks()
-    reported = _ratio(seconds)
+    checks, reported = checks or _Checks(), _ratio(seconds)
     case = (f"your times, workers {seconds['workers']} s and vectorised {seconds['vectorised']} s ({reported:.2f}x), "
             f"against the {measured.speedup:.2f}x measured")
     if any(harness.typed(float(s)) for s in seconds.values()):
