@@ -41,8 +41,6 @@ class Records(Dataset):
     def __getitem__(self, index: Any) -> Any:
         many = isinstance(index, list | tuple | np.ndarray)
         rows = [int(i) for i in (index if many else [index])]
-        if bad := [i for i in rows if not 0 <= i < len(self)]:
-            raise IndexError(f"index {bad[0]} out of range for {len(self)} records")
         self.reads += 1
         time.sleep(REQUEST_S + RECORD_S * len(rows))
         images, labels = self._images[rows], self._labels[rows]
@@ -59,7 +57,7 @@ def given_loader(records: Records) -> DataLoader:
     return DataLoader(records, batch_size=BATCH)
 
 
-@dataclass(frozen=True, repr=False)
+@dataclass(frozen=True)
 class Run:
     """One epoch on the checker's clock: each batch's wait and step, and how the loader reads. Each worker's first
     batch carries its start (``skipped``); ``wait_share`` is the median over the rest of the share of the loop (wait +
@@ -78,9 +76,6 @@ class Run:
     def wait_share(self) -> float:
         shares = [w / (w + s) for w, s in zip(self.waits[self.skipped:], self.steps[self.skipped:]) if w + s > 0]
         return statistics.median(shares) if shares else 0.0
-
-    def __repr__(self) -> str:
-        return f"Run(workers={self.workers}, batched={self.batched}, wait_share={self.wait_share:.2f})"
 
     def __str__(self) -> str:
         counted, how = len(self.waits) - self.skipped, f"{self.workers} worker{'s' * (self.workers != 1)}"

@@ -1,6 +1,6 @@
-"""Checker for ch11: vectorise a transform over the batch, or add workers? ``transform_batch`` must give
-``per_sample_transform``'s values in a few whole-array operations; the checker times an epoch both ways in its own
-rounds and holds the learner's two times, and the choice, to them."""
+"""Checker for ch11: vectorise a transform, or add workers? ``transform_batch`` must give ``per_sample_transform``'s
+values in a few whole-array operations; the checker times an epoch both ways itself, and holds the learner's times
+and choice to its rounds."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from minidl_course.exercises._common import _Checks, call
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 IMAGES, SIZE, BATCH, ROUNDS = 384, 32, 32, 3
-CHOICES = ("vectorise", "workers")
 BAND = 1.15  # epochs within this factor of each other: either choice is accepted
 SPEEDUP_FACTOR = 2.0  # your times' ratio within this factor of the median of the checker's rounds (short epochs)
 SMALL, LARGE = 4, 36  # batch sizes whose Python steps are compared: a vectorised transform's don't grow
@@ -101,21 +100,26 @@ def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds:
     AssertionError at the first problem, with a hint."""
     def check_first(checks: _Checks) -> None:
         check_transform(transform_batch, checks)
-        check_answer_shape(seconds, choice, checks)
+        case = f"seconds = {seconds!r}, choice = {choice!r}"
+        if not isinstance(seconds, dict) or set(seconds) != {"workers", "vectorised"}:
+            checks.fail(case, "seconds should be a dict with the keys 'workers' and 'vectorised'",
+                        "put your two median epoch times in seconds under those keys.")
+        for key, value in seconds.items():
+            if not harness.positive_numbers([value]):
+                checks.fail(case, f"seconds[{key!r}] should be a positive number of seconds, but it is {value!r}")
+        if choice not in ("vectorise", "workers"):
+            checks.fail(case, f"choice should be one of ('vectorise', 'workers'), but it is {choice!r}")
+        checks.passed += 1
 
     return harness.measure_then_judge(
         [transform_batch], check_first,
-        lambda: harness.unless_close(lambda: measure(transform_batch), _ratio(seconds), lambda m: m.speedup,
-                                     SPEEDUP_FACTOR),
+        lambda: harness.unless_close(lambda: measure(transform_batch), float(seconds["workers"]) / float(
+            seconds["vectorised"]), lambda m: m.speedup, SPEEDUP_FACTOR),
         lambda m: (f"Measured: an epoch of {IMAGES} images takes {statistics.median(m.workers) * 1e3:.0f} ms with "
                    f"the per-sample transform in {WORKERS} workers, {statistics.median(m.vectorised) * 1e3:.0f} ms "
                    f"vectorised with no workers ({m.speedup:.1f}x); transform_batch is {m.batch_speedup:.0f}x faster "
                    "than the per-sample loop on one batch"),
         lambda measured, checks: judge(seconds, choice, measured, checks))
-
-
-def _ratio(seconds: dict[str, Any]) -> float:
-    return float(seconds["workers"]) / float(seconds["vectorised"])
 
 
 def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks: _Checks) -> None:
@@ -173,22 +177,9 @@ def python_steps(fn: Callable[[np.ndarray], Any], batch: np.ndarray) -> int:
     return count[0]
 
 
-def check_answer_shape(seconds: Any, choice: Any, checks: _Checks) -> None:
-    case = f"seconds = {seconds!r}, choice = {choice!r}"
-    if not isinstance(seconds, dict) or set(seconds) != {"workers", "vectorised"}:
-        checks.fail(case, "seconds should be a dict with the keys 'workers' and 'vectorised'",
-                    "put your two median epoch times in seconds under those keys.")
-    for key, value in seconds.items():
-        if not harness.positive_numbers([value]):
-            checks.fail(case, f"seconds[{key!r}] should be a positive number of seconds, but it is {value!r}")
-    if choice not in CHOICES:
-        checks.fail(case, f"choice should be one of {CHOICES}, but it is {choice!r}")
-    checks.passed += 1
-
-
 def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Checks | None = None) -> None:
     """The verdict on the reported times and the choice, from the checker's measurement alone."""
-    checks, reported = checks or _Checks(), _ratio(seconds)
+    checks, reported = checks or _Checks(), float(seconds["workers"]) / float(seconds["vectorised"])
     case = (f"your times, workers {seconds['workers']} s and vectorised {seconds['vectorised']} s ({reported:.2f}x), "
             f"against the {measured.speedup:.2f}x measured")
     if any(harness.typed(float(s)) for s in seconds.values()):
