@@ -59,9 +59,8 @@ def given_loader(records: Records) -> DataLoader:
 
 @dataclass(frozen=True)
 class Run:
-    """One epoch on the checker's clock: each batch's wait and step, and how the loader reads. Each worker's first
-    batch carries its start (``skipped``); ``wait_share`` is the median over the rest of the share of the loop (wait +
-    step) spent waiting, so one stall from other work is not taken for the loader's pace."""
+    """One epoch on the checker's clock: each batch's wait and step, and how the loader reads. ``wait_share`` is the
+    median share of the loop spent waiting (one stall isn't the pace), each worker's first batch (its start) skipped."""
 
     waits: list[float]
     steps: list[float]
@@ -162,8 +161,7 @@ def check_loader(loader: Any, records: Records, checks: _Checks, case: str) -> N
 
 
 def check_batches(batches: list, records: Records, checks: _Checks, case: str) -> None:
-    """The batches are ``DataLoader(records, batch_size=16)``'s: their form first (a batch of the wrong size is a hint
-    of its own), then their number, then what they hold."""
+    """The batches are ``DataLoader(records, batch_size=16)``'s: their form first, then their number, then values."""
     torch = _torch()
     batches = [list(b) if isinstance(b, tuple) else b for b in batches]
     want = [[torch.from_numpy(a[k * BATCH:(k + 1) * BATCH].copy()) for a in (records._images, records._labels)]

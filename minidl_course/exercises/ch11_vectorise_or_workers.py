@@ -96,8 +96,7 @@ def measure(transform_batch: Callable[[np.ndarray], np.ndarray], rounds: int = R
 def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds: Any, choice: Any,
                    measure: Callable[[Callable], Measured] = measure) -> Measured:
     """Check ch11: ``transform_batch`` is right and vectorised; ``seconds`` (``{"workers": s, "vectorised": s}``) and
-    ``choice`` match the checker's rounds (measured twice if the first disagrees). Prints what it measured; raises
-    AssertionError at the first problem, with a hint."""
+    ``choice`` match the checker's rounds. Prints what it measured; raises AssertionError at the first problem."""
     def check_first(checks: _Checks) -> None:
         check_transform(transform_batch, checks)
         case = f"seconds = {seconds!r}, choice = {choice!r}"
@@ -134,14 +133,12 @@ def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks:
         if not isinstance(got, np.ndarray):
             checks.fail(case, f"should return a numpy.ndarray, but it returned {type(got).__name__}")
         if got.shape != want.shape:
-            checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}",
-                        "channels first: transpose (B, H, W, 3) to (B, 3, H, W), e.g. x.transpose(0, 3, 1, 2)."
-                        if got.shape == images.shape
-                        else "the same values as per_sample_transform, stacked: one (3, H, W) array per image.")
+            checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}", "channels first: "
+                        "transpose (B, H, W, 3) to (B, 3, H, W), e.g. x.transpose(0, 3, 1, 2)." if got.shape ==
+                        images.shape else "the same values as per_sample_transform, stacked: one (3, H, W) per image.")
         if got.dtype != np.float32:
-            checks.fail(case, f"the result should be float32, but it is {got.dtype}",
-                        "convert with astype(np.float32) and keep every constant float32: a float64 array (or "
-                        "the Python float 255.0 with NumPy < 2) upcasts everything.")
+            checks.fail(case, f"the result should be float32, but it is {got.dtype}", "convert with astype(np.float32) "
+                        "and keep every constant float32: a float64 array (or 255.0 with NumPy < 2) upcasts it all.")
         if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
             at = tuple(int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[0])
             unscaled = (images.transpose(0, 3, 1, 2) - MEAN.reshape(1, 3, 1, 1)) / STD.reshape(1, 3, 1, 1)
@@ -160,8 +157,7 @@ def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks:
 
 
 def python_steps(fn: Callable[[np.ndarray], Any], batch: np.ndarray) -> int:
-    """Lines and calls run in Python while ``fn(batch)`` runs, NumPy's own Python counted as one call each: a
-    vectorised transform runs the same few for any batch size; a loop over the images, a few per image."""
+    """Lines and calls run in Python by ``fn(batch)``, NumPy's own Python one call each: a loop grows with the batch."""
     count = [0]
 
     def trace(frame, event, arg):
