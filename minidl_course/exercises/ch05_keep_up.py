@@ -78,11 +78,11 @@ class Run:
 
     def __str__(self) -> str:
         counted, how = len(self.waits) - self.skipped, f"{self.workers} worker{'s' * (self.workers != 1)}"
-        return (f"{how if self.workers else 'no workers'}, a {'batch' if self.batched else 'record'} per request: "
-                f"the step waited {self.wait_share:.0%} of the time for a typical batch (median; a mean "
-                f"{sum(self.waits[self.skipped:]) / max(counted, 1) * 1e3:.1f} ms a batch beside a "
-                f"{STEP_S * 1e3:.0f} ms step), over the {counted} batches after the first {self.skipped} "
-                f"(start-up: {sum(self.waits[:self.skipped]):.2f} s)")
+        return (f"{how if self.workers else 'no workers'}, a {'batch' if self.batched else 'record'} per request: the "
+                f"step waited {self.wait_share:.0%} of the time for a typical batch (median; a mean "
+                f"{sum(self.waits[self.skipped:]) / max(counted, 1) * 1e3:.1f} ms a batch beside a {STEP_S * 1e3:.0f} "
+                f"ms step), over the {counted} batches after the first {self.skipped} (start-up: "
+                f"{sum(self.waits[:self.skipped]):.2f} s)")
 
 
 def run_epoch(loader: Any) -> tuple[Run, list[Any]]:
@@ -115,12 +115,12 @@ def check_keep_up(make_loader: Callable[[Records], Any], seed: int = 7) -> None:
     checks = _Checks(make_loader)
 
     def explain(e: Exception) -> None:
-        hint = first_hint("", ("prefetch_factor" in str(e) or "persistent_workers" in str(e), "prefetch_factor and "
-                               "persistent_workers shape what workers do: with num_workers=0 there are none, so they "
-                               "are refused. Start workers (num_workers > 0), or drop them."),
-                          ("batch_size" in str(e) and "sampler" in str(e), "a BatchSampler goes in as sampler= with "
-                           "batch_size=None (or as batch_sampler=, where it makes the loader ask for one record at "
-                           "a time)."))
+        hint = first_hint(
+            "", ("prefetch_factor" in str(e) or "persistent_workers" in str(e), "prefetch_factor and persistent_workers"
+                 " shape what workers do: with num_workers=0 there are none, so they are refused. Start workers "
+                 "(num_workers > 0), or drop them."),
+            ("batch_size" in str(e) and "sampler" in str(e), "a BatchSampler goes in as sampler= with batch_size=None "
+             "(or as batch_sampler=, where it makes the loader ask for one record at a time)."))
         if isinstance(e, ValueError) and hint:
             checks.fail(case, f"the loader raised ValueError: {e}", hint)
 
@@ -147,12 +147,12 @@ def check_loader(loader: Any, records: Records, checks: _Checks, case: str) -> N
             "return the loader itself, e.g. return DataLoader(records, batch_size=16, ...): the checker runs it.",
             (isinstance(loader, int | float), "the checker never takes a number from you: it runs your loader and "
              "measures the wait itself. Return the DataLoader."),
-            (isinstance(loader, list | tuple), "a list of batches read before the loop starts keeps up by reading "
-             "the whole epoch first; return a DataLoader that reads as the loop runs.")))
+            (isinstance(loader, list | tuple), "a list of batches read before the loop starts keeps up by reading the "
+             "whole epoch first; return a DataLoader that reads as the loop runs.")))
     if records.reads:
-        checks.fail(case, f"make_loader made {records.reads} reads before the loop began",
-                    "reading ahead into memory before training isn't keeping up (an epoch of real data doesn't fit): "
-                    "build the loader, read nothing yet.")
+        checks.fail(case, f"make_loader made {records.reads} reads before the loop began", "reading ahead into "
+                    "memory before training isn't keeping up (an epoch of real data doesn't fit): build the loader, "
+                    "read nothing yet.")
     dataset = loader.dataset
     if dataset is not records and not any(v is records for v in getattr(dataset, "__dict__", {}).values()):
         checks.fail(case, f"the loader reads from {_short(dataset)}, not the records make_loader was given",
@@ -163,6 +163,7 @@ def check_loader(loader: Any, records: Records, checks: _Checks, case: str) -> N
 def check_batches(batches: list, records: Records, checks: _Checks, case: str) -> None:
     """The batches are ``DataLoader(records, batch_size=16)``'s: their form first, then their number, then values."""
     torch = _torch()
+    everything = torch.from_numpy(records._images)
     batches = [list(b) if isinstance(b, tuple) else b for b in batches]
     want = [[torch.from_numpy(a[k * BATCH:(k + 1) * BATCH].copy()) for a in (records._images, records._labels)]
             for k in range(len(batches))]
@@ -174,12 +175,13 @@ def check_batches(batches: list, records: Records, checks: _Checks, case: str) -
         more = len(batches) > BATCHES
         checks.fail(case, f"the loader gave {'more than ' if more else ''}{BATCHES if more else len(batches)} "
                           f"batches; an epoch of {N} records in batches of {BATCH} is {BATCHES}",
-                    "one epoch, every record once: a sampler that repeats or runs on is a different epoch."
-                    if more else "every record once, in order: a sampler over part of the records, or drop_last with "
-                    "another batch size, skips some.")
+                    "one epoch, every record once: a sampler that repeats or runs on is a different epoch." if more
+                    else "every record once, in order: a sampler over part of the records, or drop_last with another "
+                    "batch size, skips some.")
     for k in misshapen + list(range(len(batches))):
         if problem := first_difference(want[k], batches[k], f"batch {k}"):
             shape = () if images[k] is None else tuple(images[k].shape)
+            some_record = shape == (BATCH, 3, 8, 8) and bool((everything == images[k][0]).all(dim=(1, 2, 3)).any())
             checks.fail(case, problem, first_hint(
                 f"each batch is [images, labels]: a ({BATCH}, 3, 8, 8) uint8 tensor and ({BATCH},) int64 labels, as "
                 f"DataLoader(records, batch_size={BATCH}) gives; a collate_fn of your own must give the same.",
@@ -187,9 +189,8 @@ def check_batches(batches: list, records: Records, checks: _Checks, case: str) -
                  "sampler=, pass batch_size=None so each of its batches goes out as it is."),
                 (len(shape) == 4 and shape[0] != BATCH, f"keep batches of {BATCH}: the training step is tuned for "
                  "them, and smaller batches are a different training run, not a faster loader."),
-                (shape == (BATCH, 3, 8, 8) and bool((torch.from_numpy(records._images) == images[k][0]).all(
-                    dim=(1, 2, 3)).any()), "those are records, but not the right ones: the batches come in order (no "
-                 f"shuffle, and in_order left True), records 0-{BATCH - 1}, then {BATCH}-{2 * BATCH - 1}, ...")))
+                (some_record, "those are records, but not the right ones: the batches come in order (no shuffle, and "
+                 f"in_order left True), records 0-{BATCH - 1}, then {BATCH}-{2 * BATCH - 1}, ...")))
     checks.passed += 1
 
 
@@ -206,6 +207,6 @@ def judge(run: Run, checks: _Checks, case: str = "your loader") -> None:
              "waits; one worker would read it during the step."),
             (not run.batched, f"{run.workers} worker{'s' * (run.workers > 1)}, each reading a batch in about "
              f"{PER_BATCH * 1e3:.0f} ms, deliver one every ~{PER_BATCH / max(run.workers, 1) * 1e3:.0f} ms; the step "
-             f"takes {STEP_S * 1e3:.0f} ms. Add workers until that is shorter than the step, or read each batch in "
-             "one request.")))
+             f"takes {STEP_S * 1e3:.0f} ms. Add workers until that is shorter than the step, or read each "
+             "batch in one request.")))
     checks.passed += 1
