@@ -165,8 +165,7 @@ def check_batches(batches: list, records: Records, checks: _Checks, case: str) -
     torch = _torch()
     everything = torch.from_numpy(records._images)
     batches = [list(b) if isinstance(b, tuple) else b for b in batches]
-    want = [[torch.from_numpy(a[k * BATCH:(k + 1) * BATCH].copy()) for a in (records._images, records._labels)]
-            for k in range(len(batches))]
+    want = [list(pair) for pair in zip(everything.split(BATCH), torch.from_numpy(records._labels).split(BATCH))]
     images = [b[0] if isinstance(b, list) and len(b) == 2 and all(isinstance(x, torch.Tensor) for x in b) else None
               for b in batches]  # a batch that is [images, labels] at all, else None
     misshapen = [k for k, got in enumerate(batches[:BATCHES]) if images[k] is None
