@@ -1,9 +1,6 @@
-"""Checker for exercise ch11: vectorise a transform over the batch, or add workers? Decided with numbers.
-
-``transform_batch`` must give ``per_sample_transform``'s values for a whole batch in a few whole-array operations;
-the checker times an epoch both ways (workers running the per-sample transform, or the batch transform with none)
-and holds the reported times and choice to it.
-"""
+"""Checker for ch11: vectorise a transform, or add workers? ``transform_batch`` must give ``per_sample_transform``'s
+values in a few whole-array operations; the checker times an epoch both ways itself, and holds the learner's times
+and choice to its rounds."""
 
 from __future__ import annotations
 
@@ -17,16 +14,14 @@ from typing import Any
 import numpy as np
 
 from minidl.dataloader import DataLoader
-from minidl.dataset import Dataset
+from minidl.dataset import TensorDataset
 from minidl_course.cores import core_count
 from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call
 
 MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
-IMAGES, SIZE, BATCH = 384, 32, 32
-ROUNDS = 3
-CHOICES = ("vectorise", "workers")
+IMAGES, SIZE, BATCH, ROUNDS = 384, 32, 32, 3
 BAND = 1.15  # epochs within this factor of each other: either choice is accepted
 SPEEDUP_FACTOR = 2.0  # your times' ratio within this factor of the median of the checker's rounds (short epochs)
 SMALL, LARGE = 4, 36  # batch sizes whose Python steps are compared: a vectorised transform's don't grow
@@ -48,38 +43,31 @@ def per_sample_transform(image: np.ndarray) -> np.ndarray:
     return out
 
 
-class ImageDataset(Dataset):
-    """``images[i]``, raw; with ``transform``, ``transform(images[i])``."""
+class ImageDataset(TensorDataset):
+    """``ImageDataset(images)[i]`` is ``per_sample_transform(images[i])``: option 1's dataset."""
 
-    def __init__(self, images: np.ndarray, transform: Callable[[np.ndarray], Any] | None = None) -> None:
-        self.images, self.transform = images, transform
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> Any:
-        return self.images[index] if self.transform is None else self.transform(self.images[index])
+    def __getitem__(self, index: int) -> np.ndarray:
+        return per_sample_transform(self.tensors[0][index])
 
 
 def workers_epoch(images: np.ndarray, num_workers: int = WORKERS) -> None:
     """Option 1: the per-sample transform inside the dataset, ``num_workers`` worker processes (one per core)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in DataLoader(ImageDataset(images, per_sample_transform), batch_size=BATCH, num_workers=num_workers,
-                            collate_fn=np.stack):
+        for _ in DataLoader(ImageDataset(images), batch_size=BATCH, num_workers=num_workers, collate_fn=np.stack):
             pass
 
 
 def vectorised_epoch(images: np.ndarray, transform_batch: Callable[[np.ndarray], np.ndarray]) -> None:
     """Option 2: raw images, no workers, ``transform_batch`` on each batch."""
-    for batch in DataLoader(ImageDataset(images), batch_size=BATCH, collate_fn=np.stack):
+    for batch in DataLoader(images, batch_size=BATCH, collate_fn=np.stack):
         transform_batch(batch)
 
 
 @dataclass(frozen=True)
 class Measured:
-    """Seconds per epoch of each option, one per round, and how much faster transform_batch is than the loop on a
-    batch; ``speedup`` is the median of the per-round ratios workers' epoch / vectorised epoch (below 1: slower)."""
+    """Each option's seconds per epoch, a round each, and transform_batch's speed-up over the loop on one batch;
+    ``speedup`` is the median of the rounds' workers' epoch / vectorised epoch (below 1: vectorising is slower)."""
 
     workers: list[float]
     vectorised: list[float]
@@ -95,30 +83,37 @@ class Measured:
 
 
 def measure(transform_batch: Callable[[np.ndarray], np.ndarray], rounds: int = ROUNDS) -> Measured:
-    """Both epochs in interleaved rounds after a warm-up, and transform_batch against the loop on one batch of 32
-    images (medians of 5)."""
+    """Both epochs in interleaved rounds after a warm-up, and both transforms on one batch (medians of 5)."""
     images, batch = make_images(), make_images(BATCH, seed=1)
     one = harness.interleaved({"loop": lambda: np.stack([per_sample_transform(image) for image in batch]),
-                     "batch": lambda: transform_batch(batch)}, rounds=5)
+                               "batch": lambda: transform_batch(batch)}, rounds=5)
     times = harness.interleaved({"workers": lambda: workers_epoch(images),
-                       "vectorised": lambda: vectorised_epoch(images, transform_batch)}, rounds=rounds)
+                                 "vectorised": lambda: vectorised_epoch(images, transform_batch)}, rounds=rounds)
     return Measured(times["workers"], times["vectorised"],
                     statistics.median(one["loop"]) / statistics.median(one["batch"]))
 
 
 def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds: Any, choice: Any,
                    measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch11: ``transform_batch`` is right and vectorised; ``seconds`` (``{"workers": s, "vectorised": s}``,
-    your epoch times) and ``choice`` ("vectorise" or "workers") match a measurement, taken twice if the first
-    disagrees. Prints what it measured; raises AssertionError at the first problem, with a hint."""
+    """Check ch11: ``transform_batch`` is right and vectorised; ``seconds`` (``{"workers": s, "vectorised": s}``) and
+    ``choice`` match the checker's rounds. Prints what it measured; raises AssertionError at the first problem."""
     def check_first(checks: _Checks) -> None:
         check_transform(transform_batch, checks)
-        check_answer_shape(seconds, choice, checks)
+        case = f"seconds = {seconds!r}, choice = {choice!r}"
+        if not isinstance(seconds, dict) or set(seconds) != {"workers", "vectorised"}:
+            checks.fail(case, "seconds should be a dict with the keys 'workers' and 'vectorised'",
+                        "put your two median epoch times in seconds under those keys.")
+        for key, value in seconds.items():
+            if not harness.positive_numbers([value]):
+                checks.fail(case, f"seconds[{key!r}] should be a positive number of seconds, but it is {value!r}")
+        if choice not in ("vectorise", "workers"):
+            checks.fail(case, f"choice should be one of ('vectorise', 'workers'), but it is {choice!r}")
+        checks.passed += 1
 
     return harness.measure_then_judge(
         [transform_batch], check_first,
-        lambda: harness.twice(lambda: measure(transform_batch), lambda m: harness.close(_ratio(seconds), m.speedup,
-                                                                                      SPEEDUP_FACTOR)),
+        lambda: harness.unless_close(lambda: measure(transform_batch), float(seconds["workers"]) / float(
+            seconds["vectorised"]), lambda m: m.speedup, SPEEDUP_FACTOR),
         lambda m: (f"Measured: an epoch of {IMAGES} images takes {statistics.median(m.workers) * 1e3:.0f} ms with "
                    f"the per-sample transform in {WORKERS} workers, {statistics.median(m.vectorised) * 1e3:.0f} ms "
                    f"vectorised with no workers ({m.speedup:.1f}x); transform_batch is {m.batch_speedup:.0f}x faster "
@@ -126,61 +121,47 @@ def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds:
         lambda measured, checks: judge(seconds, choice, measured, checks))
 
 
-def _ratio(seconds: Any) -> float:
-    """Your workers' time over your vectorised time; 0.0 when they are not two numbers."""
-    try:
-        return float(seconds["workers"]) / float(seconds["vectorised"])
-    except (TypeError, KeyError, ValueError, ZeroDivisionError):
-        return 0.0
-
-
 def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks: _Checks) -> None:
+    """``transform_batch`` against the per-sample loop on three batches, then its Python steps on two batch sizes."""
     for n, size, seed in ((1, 4, 0), (3, 5, 1), (BATCH, SIZE, 2)):
         images = make_images(n, size, seed)
-        before = images.copy()
         case = f"transform_batch(make_images({n}, size={size}, seed={seed})), a ({n}, {size}, {size}, 3) uint8 batch"
         want = np.stack([per_sample_transform(image) for image in images])
         got = call(transform_batch, images, what="transform_batch", case=case)
-        if not np.array_equal(images, before):
+        if not np.array_equal(images, make_images(n, size, seed)):
             checks.fail(case, "transform_batch changed its input", "make new arrays; don't write into the batch.")
         if not isinstance(got, np.ndarray):
             checks.fail(case, f"should return a numpy.ndarray, but it returned {type(got).__name__}")
         if got.shape != want.shape:
-            checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}",
-                        "channels first: transpose (B, H, W, 3) to (B, 3, H, W), e.g. x.transpose(0, 3, 1, 2)."
-                        if got.shape == images.shape
-                        else "the same values as per_sample_transform, stacked: one (3, H, W) array per image.")
+            checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}", "channels first: "
+                        "transpose (B, H, W, 3) to (B, 3, H, W), e.g. x.transpose(0, 3, 1, 2)." if got.shape ==
+                        images.shape else "the same values as per_sample_transform, stacked: one (3, H, W) per image.")
         if got.dtype != np.float32:
-            checks.fail(case, f"the result should be float32, but it is {got.dtype}",
-                        "convert with astype(np.float32) and keep every constant float32: a float64 array (or "
-                        "the Python float 255.0 with NumPy < 2) upcasts everything.")
+            checks.fail(case, f"the result should be float32, but it is {got.dtype}", "convert with astype(np.float32) "
+                        "and keep every constant float32: a float64 array (or 255.0 with NumPy < 2) upcasts it all.")
         if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
-            idx = tuple(int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[0])
-            unscaled = (images.transpose(0, 3, 1, 2).astype(np.float32) - MEAN.reshape(1, 3, 1, 1)) / STD.reshape(
-                1, 3, 1, 1)
-            checks.fail(case, f"result{list(idx)} should be {float(want[idx]):.5f}, but it is {float(got[idx]):.5f}",
+            at = tuple(int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[0])
+            unscaled = (images.transpose(0, 3, 1, 2) - MEAN.reshape(1, 3, 1, 1)) / STD.reshape(1, 3, 1, 1)
+            checks.fail(case, f"result{list(at)} should be {float(want[at]):.5f}, but it is {float(got[at]):.5f}",
                         "divide by 255 first: MEAN and STD are for values in [0, 1]."
                         if np.allclose(got, unscaled, rtol=1e-4, atol=1e-3) else "(x / 255 - MEAN[c]) / STD[c] per "
                         "channel c: MEAN.reshape(1, 3, 1, 1) broadcasts over (B, 3, H, W).")
         checks.passed += 1
-    steps = {b: python_steps(transform_batch, make_images(b, 8, seed=3)) for b in (SMALL, LARGE)}
-    if steps[LARGE] - steps[SMALL] >= (LARGE - SMALL) / 2:
-        checks.fail(f"transform_batch on batches of {SMALL} and of {LARGE} images",
-                    f"it ran {steps[SMALL]} steps of Python for {SMALL} images and {steps[LARGE]} for {LARGE}: "
-                    "Python work for every image",
+    small, large = (python_steps(transform_batch, make_images(b, 8, seed=3)) for b in (SMALL, LARGE))
+    if large - small >= (LARGE - SMALL) / 2:
+        checks.fail(f"transform_batch on batches of {SMALL} and of {LARGE} images", f"it ran {small} steps of Python "
+                    f"for {SMALL} images and {large} for {LARGE}: Python work for every image",
                     "a loop over the images (or over rows), a comprehension or a map is not vectorised: write it as "
                     "a few operations on the whole (B, H, W, 3) array, whose number doesn't grow with B.")
     checks.passed += 1
 
 
 def python_steps(fn: Callable[[np.ndarray], Any], batch: np.ndarray) -> int:
-    """Lines run and calls made in Python outside NumPy (and calls into NumPy's Python) while ``fn(batch)`` runs:
-    a vectorised transform makes the same few for any batch size; a loop over the images, a few per image."""
-    count = 0
+    """Lines and calls run in Python by ``fn(batch)``, NumPy's own Python one call each: a loop grows with the batch."""
+    count = [0]
 
     def trace(frame, event, arg):
-        nonlocal count
-        count += 1
+        count[0] += 1
         return None if frame.f_globals.get("__name__", "").startswith("numpy") else trace
 
     saved = sys.gettrace()
@@ -189,26 +170,12 @@ def python_steps(fn: Callable[[np.ndarray], Any], batch: np.ndarray) -> int:
         call(fn, batch, what="transform_batch", case=f"a batch of {len(batch)} images")
     finally:
         sys.settrace(saved)
-    return count
-
-
-def check_answer_shape(seconds: Any, choice: Any, checks: _Checks) -> None:
-    case = f"seconds = {seconds!r}, choice = {choice!r}"
-    if not isinstance(seconds, dict) or set(seconds) != {"workers", "vectorised"}:
-        checks.fail(case, "seconds should be a dict with the keys 'workers' and 'vectorised'",
-                    "put your two median epoch times in seconds under those keys.")
-    for key, value in seconds.items():
-        if not harness.positive_numbers([value]):
-            checks.fail(case, f"seconds[{key!r}] should be a positive number of seconds, but it is {value!r}")
-    if choice not in CHOICES:
-        checks.fail(case, f"choice should be one of {CHOICES}, but it is {choice!r}")
-    checks.passed += 1
+    return count[0]
 
 
 def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Checks | None = None) -> None:
     """The verdict on the reported times and the choice, from the checker's measurement alone."""
-    checks = checks or _Checks()
-    reported = _ratio(seconds)
+    checks, reported = checks or _Checks(), float(seconds["workers"]) / float(seconds["vectorised"])
     case = (f"your times, workers {seconds['workers']} s and vectorised {seconds['vectorised']} s ({reported:.2f}x), "
             f"against the {measured.speedup:.2f}x measured")
     if any(harness.typed(float(s)) for s in seconds.values()):
@@ -220,10 +187,9 @@ def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Che
                               f"{statistics.median(ours):.3f} s", harness.MILLISECONDS)
     harness.judge_figure(
         checks, case, "the ratio of your times", reported, [measured.speedup], SPEEDUP_FACTOR, "",
-        f"the ratio of your times is more than {SPEEDUP_FACTOR}x away from the median of the "
-        "checker's rounds (measured twice if the first disagreed)",
-        "time whole epochs of both options in interleaved rounds, the workers' loader created (and "
-        "its workers started) inside the timed part, and report each option's median.",
+        f"the ratio of your times is more than {SPEEDUP_FACTOR}x away from the median of the checker's rounds "
+        "(measured twice if the first disagreed)", "time whole epochs of both options in interleaved rounds, the "
+        "workers' loader created (and its workers started) inside the timed part, and report each option's median.",
         f"your two times are swapped: 'workers' is the per-sample transform in {WORKERS} workers.")
     best, gap = ("vectorise", measured.speedup) if measured.speedup > 1 else ("workers", 1 / measured.speedup)
     if gap < BAND:
