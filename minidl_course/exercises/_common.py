@@ -17,6 +17,7 @@ from minidl.dataloader import DataLoader
 
 Library = dict[str, tuple[Any, ...]]  # {label: the functions or classes an answer must not hand its work to}
 Explain = Callable[[Exception], None] | None  # may turn an exception from the learner's code into a failed check
+REFERENCE_MODULES = ("reference_answers", "minidl_course.solutions")  # tests/reference_answers/; the old package
 
 
 def _torch():
@@ -153,9 +154,6 @@ class YourTurn(Exception):
         traceback.clear_frames(self.__traceback__)
         where = " (raised in a worker)" if str(self).startswith("Caught YourTurn") else ""
         return [f"YourTurn: {self.MESSAGE}{where}"]
-
-
-REFERENCE_MODULES = ("reference_answers", "minidl_course.solutions")  # tests/reference_answers/; the old package
 
 
 class ReferenceAnswer(AssertionError):

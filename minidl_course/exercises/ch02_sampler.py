@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,18 +18,15 @@ DELEGATED = ("your sampler hands the batching to {0}: cut the sorted order into 
              "with drop_last and __len__; that is what this exercise practises.")
 SHUFFLE_HINT = ("shuffle reorders whole batches, never the indices inside them: build the sorted batches first, then "
                 "permute the list of batches.")
-
-
-def _cases() -> Iterator[tuple[list[int], int, bool, bool, int | None]]:
-    """(lengths, batch_size, drop_last, shuffle, seed), seed None shuffling with the global torch RNG."""
-    yield from (([3, 1, 2], 2, False, False, None), ([2, 1, 2, 1, 2], 2, False, False, None),  # ties
-                ([2, 1, 2, 1, 2], 2, True, False, None), ([5, 4], 3, False, False, None),  # drop_last; a short batch
-                ([5, 4], 3, True, False, None), ([1, 1, 1, 1], 4, True, False, None),  # ... dropped; none short
-                ([3, 1, 2, 1, 3, 2, 2], 2, False, True, 0), ([3, 1, 2, 1, 3, 2, 2], 2, True, True, None))
-    rng = random.Random(0)
-    for seed in range(40):
-        lengths = [rng.randint(1, 8) for _ in range(rng.randint(1, 30))]  # few distinct lengths: many ties
-        yield lengths, rng.randint(1, 6), rng.random() < 0.5, seed >= 20, seed if seed % 5 else None
+# (lengths, batch_size, drop_last, shuffle, seed), seed None shuffling with the global torch RNG; then seeded random
+# cases with few distinct lengths: many ties
+_rng = random.Random(0)
+CASES = [([3, 1, 2], 2, False, False, None), ([2, 1, 2, 1, 2], 2, False, False, None),  # ties
+         ([2, 1, 2, 1, 2], 2, True, False, None), ([5, 4], 3, False, False, None),  # drop_last; a short batch
+         ([5, 4], 3, True, False, None), ([1, 1, 1, 1], 4, True, False, None),  # ... dropped; none short
+         ([3, 1, 2, 1, 3, 2, 2], 2, False, True, 0), ([3, 1, 2, 1, 3, 2, 2], 2, True, True, None)] + [
+    ([_rng.randint(1, 8) for _ in range(_rng.randint(1, 30))], _rng.randint(1, 6), _rng.random() < 0.5, seed >= 20,
+     seed if seed % 5 else None) for seed in range(40)]
 
 
 def expected_epochs(lengths: list[int], batch_size: int, drop_last: bool, shuffle: bool, seed: int | None,
@@ -53,7 +50,7 @@ def check_sampler(sampler_cls: Callable[..., Any]) -> None:
     saved_rng = torch.get_rng_state()  # shuffling without a generator draws from the global RNG
     library = {"minidl's BatchSampler": (BatchSampler,), "torch's BatchSampler": (torch.utils.data.BatchSampler,)}
     try:
-        for lengths, batch_size, drop_last, shuffle, seed in _cases():
+        for lengths, batch_size, drop_last, shuffle, seed in CASES:
             generator = "None" if seed is None else f"torch.Generator().manual_seed({seed})"
             case = (f"lengths={lengths}, batch_size={batch_size}, drop_last={drop_last}, shuffle={shuffle}"
                     + (f", generator={generator}" if shuffle else ""))

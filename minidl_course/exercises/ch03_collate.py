@@ -27,12 +27,9 @@ def make_token_samples(n: int, seed: int = 0, max_len: int = 12, zero_tokens: bo
     >>> [(s["tokens"].tolist(), s["label"]) for s in make_token_samples(2, seed=1, max_len=4)]
     [([51, 75], 1), ([15], 1)]
     """
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(n):
-        tokens = rng.integers(0 if zero_tokens else 1, 100, size=int(rng.integers(1, max_len + 1)), dtype=np.int64)
-        samples.append({"tokens": tokens, "label": int(rng.integers(0, 2))})
-    return samples
+    rng, low = np.random.default_rng(seed), 0 if zero_tokens else 1
+    return [{"tokens": rng.integers(low, 100, size=int(rng.integers(1, max_len + 1)), dtype=np.int64),
+             "label": int(rng.integers(0, 2))} for _ in range(n)]
 
 
 def expected_collate(batch: Sequence[Sample]) -> dict[str, Any]:
