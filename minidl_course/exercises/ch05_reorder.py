@@ -69,30 +69,31 @@ def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]])
                 got.append(batch)
                 if k >= len(order):
                     break
-                wrong = f"output {k} should be 'batch {k}', but it is "
-                checks.first(case, (
-                    isinstance(batch, tuple) and len(batch) == 2 and batch[1] == f"batch {k}", f"{wrong}{batch!r}",
-                    "yield the batch alone; the task number only tells you where it goes."), (
-                    batch == f"batch {order[k]}" != f"batch {k}", f"{wrong}{batch!r}, arrival number {k + 1}",
-                    "hand batches out by task number, not in arrival order: hold an early one in a dict keyed by "
-                    "task_idx until every batch before it has gone out."), (
-                    batch != f"batch {k}", wrong + _short(batch), "the next batch to hand out is the one with the "
-                    "lowest task number not handed out yet, starting at 0."), (
-                    arrivals.taken > due[k], f"batch {k} was due after {due[k]} arrivals, but you had read "
-                    f"{arrivals.taken} when you handed it out",
-                    "you read every arrival before handing anything out: yield a batch as soon as it is due; "
-                    "holding them all costs memory and makes the training loop wait."
-                    if k == 0 and arrivals.taken == len(order) and due[k] < len(order) else
-                    "before reading another arrival, hand out the batch due next if it is already held: after "
-                    "each arrival, yield in a while loop for as long as the next index is in the buffer."))
-        checks.first(case, (arrivals.passes > 1, f"you iterated the arrivals {arrivals.passes} times",
-                            "answers from workers can be read only once: loop over the arrivals once."), (
-            len(got) < len(order), f"{len(order)} batches arrived, but you handed out {len(got)}: "
-            f"{[f'batch {k}' for k in range(len(got), len(order))]} never came out",
-            "when an arrival makes the next batch due, keep handing out the held batches that follow it, with a while "
-            "loop, not an if."), (
-            len(got) > len(order), f"{len(order)} batches arrived, but you handed out more: {got}",
-            "each batch goes out exactly once: remove it from the buffer when you yield it."))
+                want, wrong = f"batch {k}", f"output {k} should be 'batch {k}', but it is "
+                checks.first(
+                    case, (isinstance(batch, tuple) and len(batch) == 2 and batch[1] == want, f"{wrong}{batch!r}",
+                           "yield the batch alone; the task number only tells you where it goes."),
+                    (batch == f"batch {order[k]}" != want, f"{wrong}{batch!r}, arrival number {k + 1}",
+                     "hand batches out by task number, not in arrival order: hold an early one in a dict keyed by "
+                     "task_idx until every batch before it has gone out."),
+                    (batch != want, wrong + _short(batch), "the next batch to hand out is the one with the lowest task "
+                     "number not handed out yet, starting at 0."),
+                    (arrivals.taken > due[k], f"batch {k} was due after {due[k]} arrivals, but you had read "
+                     f"{arrivals.taken} when you handed it out",
+                     "you read every arrival before handing anything out: yield a batch as soon as it is due; holding "
+                     "them all costs memory and makes the training loop wait."
+                     if k == 0 and arrivals.taken == len(order) and due[k] < len(order) else
+                     "before reading another arrival, hand out the batch due next if it is already held: after each "
+                     "arrival, yield in a while loop for as long as the next index is in the buffer."))
+        checks.first(
+            case, (arrivals.passes > 1, f"you iterated the arrivals {arrivals.passes} times",
+                   "answers from workers can be read only once: loop over the arrivals once."),
+            (len(got) < len(order), f"{len(order)} batches arrived, but you handed out {len(got)}: "
+             f"{[f'batch {k}' for k in range(len(got), len(order))]} never came out",
+             "when an arrival makes the next batch due, keep handing out the held batches that follow it, with a "
+             "while loop, not an if."),
+            (len(got) > len(order), f"{len(order)} batches arrived, but you handed out more: {got}",
+             "each batch goes out exactly once: remove it from the buffer when you yield it."))
         checks.passed += 1
     case = ("minidl.DataLoader(toy.SlowDataset(16, slow=(2,)), batch_size=2, num_workers=2, in_order=False), "
             "each batch numbered by its first index // 2")  # out-of-order answers from a real loader
