@@ -54,8 +54,10 @@ class _Checks:
     @contextmanager
     def watching(self, library: Library, case: str, problem: str, hint: str) -> Iterator[None]:
         """The block under a Tripwire on ``library``: a call of it fails the check, whatever the block raised, with
-        ``problem`` and ``hint`` naming it as ``{0}``."""
-        wire = Tripwire(watch(library))
+        ``problem`` and ``hint`` naming it as ``{0}``. A class in ``library`` stands for every method it defines."""
+        fns = {getattr(v, "__func__", v): label for label, targets in library.items() for t in targets
+               for v in (vars(t).values() if isinstance(t, type) else [t])}
+        wire = Tripwire({fn.__code__: label for fn, label in fns.items() if hasattr(fn, "__code__")})
         try:
             with wire:
                 yield
@@ -174,13 +176,6 @@ def refuse_reference(*answers: Any) -> None:
                 raise ReferenceAnswer(f"{name} is the reference answer, imported from {module}: the checker judges "
                                       "your own code, so write it in the cell above (the solution notebook explains "
                                       "one)")
-
-
-def watch(library: Library) -> dict[CodeType, str]:
-    """``library`` as the ``{code: label}`` a Tripwire watches: every method a class defines itself."""
-    fns = {getattr(v, "__func__", v): label for label, targets in library.items() for t in targets
-           for v in (vars(t).values() if isinstance(t, type) else [t])}
-    return {fn.__code__: label for fn, label in fns.items() if hasattr(fn, "__code__")}
 
 
 class Tripwire:

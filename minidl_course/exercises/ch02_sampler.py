@@ -128,10 +128,9 @@ def _hint(expected, got, lengths: list[int], batch_size: int, drop_last: bool, s
                                              f"last; your batches hold {[len(b) for b in got]}.")
     order = [i for b in got for i in b]
     pairs = list(zip(order, order[1:]))
-    a, b = next(((a, b) for a, b in pairs if lengths[b] < lengths[a]), (None, None))
-    if a is not None:
-        return (f"indices should be sorted by length, shortest first, but index {a} (length {lengths[a]}) comes "
-                f"before index {b} (length {lengths[b]}).")
-    a, b = next(((a, b) for a, b in pairs if lengths[a] == lengths[b] and b < a), pairs[0])
-    return (f"indices of equal length keep their index order, but index {a} comes before index {b} (both length "
-            f"{lengths[b]}): sort with a stable sort, sorted(range(n), key=lambda i: lengths[i]).")
+    longer = next(((a, b) for a, b in pairs if lengths[b] < lengths[a]), None)
+    a, b = longer or next(((a, b) for a, b in pairs if lengths[a] == lengths[b] and b < a), pairs[0])
+    return (f"indices should be sorted by length, shortest first, but index {a} (length {lengths[a]}) comes before "
+            f"index {b} (length {lengths[b]})." if longer else f"indices of equal length keep their index order, but "
+            f"index {a} comes before index {b} (both length {lengths[b]}): sort with a stable sort, "
+            "sorted(range(n), key=lambda i: lengths[i]).")
