@@ -1,9 +1,7 @@
-"""Checkers for the exercise notebooks in ``notebooks/exercises/``, one module per exercise, named after it.
-
-A checker runs the learner's answer on seeded cases and stops at the first wrong one with AssertionError: the case,
-what was expected, what came back, and a hint. Expected values come from torch, the spec or the checker's own
-measurement, never from a reference answer (one imported from ``tests/reference_answers/`` is refused).
-"""
+"""Checkers for the exercise notebooks in ``notebooks/exercises/``, one module per exercise, named after it. A checker
+runs the learner's answer on seeded cases and stops at the first wrong one with AssertionError: the case, what was
+expected, what came back, and a hint. Expected values come from torch, the spec or the checker's own measurement,
+never from a reference answer (one imported from ``tests/reference_answers/`` is refused)."""
 
 from minidl_course.exercises._common import ReferenceAnswer, YourTurn, first_difference
 from minidl_course.exercises.ch01_nogil import check_nogil

@@ -1,5 +1,5 @@
-"""What every checker shares: counting checks, calling the learner's code, comparing batches, refusing a reference
-answer or one that hands the work to the library."""
+"""What every checker shares: counting checks, running the learner's code, naming the first difference from what
+was expected, and refusing a reference answer or one that hands its work to the library."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import numpy as np
 from minidl.dataloader import DataLoader
 
 Library = dict[str, tuple[Any, ...]]  # {label: the functions or classes an answer must not hand its work to}
+Explain = Callable[[Exception], None] | None  # may turn an exception from the learner's code into a failed check
+REFERENCE_MODULES = ("reference_answers", "minidl_course.solutions")  # tests/reference_answers/; the old package
 
 
 def _torch():
@@ -40,23 +42,36 @@ class _Checks:
         raise AssertionError(f"check {self.passed + 1} failed, for {case}:\n  {problem}"
                              + (f"\n  Hint: {hint}" if hint else ""))
 
+    def first(self, case: str, *rows: tuple[Any, str, str]) -> None:
+        """Checks as a table: fail with the first ``(fails, problem, hint)`` whose ``fails`` holds."""
+        for fails, problem, hint in rows:
+            if fails:
+                self.fail(case, problem, hint)
+
     def done(self) -> None:
         print(f"All {self.passed} checks passed")
 
-    def watched(self, library: Library, case: str, problem: str, hint: str, fn: Callable[..., Any], *args: Any,
-                what: str | None = None, explain: Callable[[Exception], None] | None = None) -> Any:
-        """``fn(*args)`` with a Tripwire on ``library``: a call of it fails the check, ``problem`` and ``hint``
-        naming it as ``{0}``, whatever ``fn`` raised. With ``what``, ``fn`` is the learner's: run by ``call``."""
-        wire, result = Tripwire(watch(library)), None
+    @contextmanager
+    def watching(self, library: Library, case: str, problem: str, hint: str) -> Iterator[None]:
+        """The block under a Tripwire on ``library``: a call of it fails the check, whatever the block raised, with
+        ``problem`` and ``hint`` naming it as ``{0}``. A class in ``library`` stands for every method it defines."""
+        fns = {getattr(v, "__func__", v): label for label, targets in library.items() for t in targets
+               for v in (vars(t).values() if isinstance(t, type) else [t])}
+        wire = Tripwire({fn.__code__: label for fn, label in fns.items() if hasattr(fn, "__code__")})
         try:
             with wire:
-                result = call(fn, *args, what=what, case=case, explain=explain) if what else fn(*args)
+                yield
         except Exception:
             if not wire.hits:
                 raise
         if wire.hits:
             self.fail(case, problem.format(wire.hits[0]), hint.format(wire.hits[0]))
-        return result
+
+    def watched(self, library: Library, case: str, problem: str, hint: str, fn: Callable[..., Any], *args: Any,
+                what: str | None = None, explain: Explain = None) -> Any:
+        """``fn(*args)`` under ``watching``; with ``what``, ``fn`` is the learner's, run by ``call``."""
+        with self.watching(library, case, problem, hint):
+            return call(fn, *args, what=what, case=case, explain=explain) if what else fn(*args)
 
     def refuse_cell_function(self, fn: Any, problem: str, hint: str) -> None:
         """Fail when ``fn`` was defined in a notebook cell: a worker started by spawn or forkserver can't import it."""
@@ -65,19 +80,12 @@ class _Checks:
 
 
 def first_hint(default: str, *cases: tuple[Any, str]) -> str:
-    """A hint tree as a table: the hint of the first ``(condition, hint)`` that holds, else ``default``.
-
-    >>> first_hint("count again", (False, "off by one"), (True, "stop is excluded"))
-    'stop is excluded'
-    """
+    """A hint tree as a table: the hint of the first ``(condition, hint)`` that holds, else ``default``."""
     return next((hint for holds, hint in cases if holds), default)
 
 
-# --- calling the learner's code ---------------------------------------------------------------------
-
-
 @contextmanager
-def yours(what: str, case: str, explain: Callable[[Exception], None] | None = None) -> Iterator[None]:
+def yours(what: str, case: str, explain: Explain = None) -> Iterator[None]:
     """The one way a checker runs learner code: an exception from it goes on with a note saying what raised it,
     for which case; ``explain(e)`` may first turn a known mistake into a hint."""
     try:
@@ -89,23 +97,15 @@ def yours(what: str, case: str, explain: Callable[[Exception], None] | None = No
         raise
 
 
-def call(fn: Callable[..., Any], *args: Any, what: str, case: str,
-         explain: Callable[[Exception], None] | None = None, **kwargs: Any) -> Any:
+def call(fn: Callable[..., Any], *args: Any, what: str, case: str, explain: Explain = None, **kwargs: Any) -> Any:
     """``fn(*args, **kwargs)`` inside ``yours(what, case, explain)``."""
     with yours(what, case, explain):
         return fn(*args, **kwargs)
 
 
-# --- comparing what came back with what was expected -------------------------------------------------
-
-
 def first_difference(expected: Any, got: Any, where: str = "batch") -> str | None:
-    """Where ``got`` first differs from ``expected`` (type, keys, length, dtype, shape, value), in words; None if
-    they are equal. Dict keys may come in any order.
-
-    >>> first_difference({"x": [1, 2]}, {"x": [1, 3]})
-    "batch['x'][1] should be 2, but it is 3"
-    """
+    """Where ``got`` first differs from ``expected`` (type, keys, length, dtype, shape, value), in words, e.g.
+    "batch['x'][1] should be 2, but it is 3"; None if they are equal. Dict keys may come in any order."""
     torch = _torch()
     if type(got) is not type(expected):
         return f"{where} should be {_type_name(expected)}, but it is {_type_name(got)}"
@@ -119,7 +119,7 @@ def first_difference(expected: Any, got: Any, where: str = "batch") -> str | Non
             return None
         pos = tuple(int(i) for i in np.argwhere(differs)[0])
         return f"{where}[{', '.join(map(str, pos))}] should be {expected[pos].item()!r}, but it is {got[pos].item()!r}"
-    if isinstance(expected, dict) and set(got) != set(expected):  # the same keys, in any order
+    if isinstance(expected, dict) and set(got) != set(expected):
         return f"{where} should have the keys {list(expected)}, but it has {list(got)}"
     if isinstance(expected, list | tuple) and len(got) != len(expected):
         return f"{where} should have {len(expected)} elements, but it has {len(got)}"
@@ -142,15 +142,8 @@ def _short(obj: Any) -> str:
     return f"{_type_name(obj)}: {text if len(text) < 80 else text[:77] + '...'}"
 
 
-# --- an exercise cell not filled in yet, and an imported reference answer ------------------------------
-
-
 class YourTurn(Exception):
-    """Raised by an exercise cell not written yet, shown by IPython as one line (cells tagged ``raises-exception``).
-
-    >>> YourTurn()._render_traceback_()
-    ['YourTurn: your turn: write the code marked YOUR CODE HERE, then run this cell again']
-    """
+    """Raised by an exercise cell not written yet, shown by IPython as one line (cells tagged ``raises-exception``)."""
 
     MESSAGE = "your turn: write the code marked YOUR CODE HERE, then run this cell again"
 
@@ -163,9 +156,6 @@ class YourTurn(Exception):
         traceback.clear_frames(self.__traceback__)
         where = " (raised in a worker)" if str(self).startswith("Caught YourTurn") else ""
         return [f"YourTurn: {self.MESSAGE}{where}"]
-
-
-REFERENCE_MODULES = ("reference_answers", "minidl_course.solutions")  # tests/reference_answers/; the old package
 
 
 class ReferenceAnswer(AssertionError):
@@ -188,29 +178,11 @@ def refuse_reference(*answers: Any) -> None:
                                       "one)")
 
 
-# --- catching an answer that delegates to the library --------------------------------------------
-
-
-def watch(library: Library) -> dict[CodeType, str]:
-    """``{label: (functions or classes)}`` as the ``{code: label}`` a Tripwire watches: every method a class
-    defines itself."""
-    fns = {getattr(v, "__func__", v): label for label, targets in library.items() for t in targets
-           for v in (vars(t).values() if isinstance(t, type) else [t])}
-    return {fn.__code__: label for fn, label in fns.items() if hasattr(fn, "__code__")}
-
-
 class Tripwire:
     """While active, notes every call of the watched code objects, whatever name the learner reached them by: it
     catches an answer that only wraps the library. It cannot see other processes (the checkers run the learner's
     code here or in threads), a copy of the library's code pasted into a cell, compiled code, nor
-    threads already running when it starts, on Python 3.11. On exit it puts back the hooks it replaced.
-
-    >>> from minidl.sampler import BatchSampler
-    >>> with Tripwire(watch({"BatchSampler": (BatchSampler,)})) as wire:
-    ...     _ = list(BatchSampler(range(4), 2, False))
-    >>> wire.hits, sys.getprofile() is None
-    (['BatchSampler'], True)
-    """
+    threads already running when it starts, on Python 3.11. On exit it puts back the hooks it replaced."""
 
     def __init__(self, watched: dict[CodeType, str]) -> None:
         self.watched, self.hits, self.active = watched, [], False
@@ -223,19 +195,15 @@ class Tripwire:
             if name is not None and name not in self.hits:
                 self.hits.append(name)
 
-    @staticmethod
-    def _every_thread(profile: Any) -> None:
-        # Python 3.12+ reaches running threads and those started from now on; 3.11 only those started from now on
-        getattr(threading, "setprofile_all_threads", threading.setprofile)(profile)
-
     def __enter__(self) -> Tripwire:
         self._saved = sys.getprofile(), threading.getprofile()
         self.active = True
-        self._every_thread(self._profile)
+        # Python 3.12+ reaches running threads and those started from now on; 3.11 only those started from now on
+        getattr(threading, "setprofile_all_threads", threading.setprofile)(self._profile)
         sys.setprofile(self._profile)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.active = False
-        self._every_thread(self._saved[1])
+        getattr(threading, "setprofile_all_threads", threading.setprofile)(self._saved[1])
         sys.setprofile(self._saved[0])

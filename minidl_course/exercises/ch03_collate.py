@@ -1,7 +1,5 @@
-"""Checker for ch03_collate: a collate function that pads token ids and returns a mask (notebook 03).
-
-The expected batches come from torch's ``pad_sequence``.
-"""
+"""Checker for ch03_collate: a collate function that pads token ids and returns a mask (notebook 03). The expected
+batches come from torch's ``pad_sequence``."""
 
 from __future__ import annotations
 
@@ -12,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from minidl_course.exercises._common import _Checks, _loaders, _torch, _type_name, first_difference, first_hint
+from minidl_course.exercises._common import _Checks, _loaders, _torch, _type_name, call, first_difference, first_hint
 
 Sample = dict[str, Any]  # one item of make_token_samples: {"tokens": 1-d int64 array, "label": int}
 DELEGATED = ("your collate hands the padding to {0}: write it yourself (torch.zeros, then copy each sample into "
@@ -29,12 +27,9 @@ def make_token_samples(n: int, seed: int = 0, max_len: int = 12, zero_tokens: bo
     >>> [(s["tokens"].tolist(), s["label"]) for s in make_token_samples(2, seed=1, max_len=4)]
     [([51, 75], 1), ([15], 1)]
     """
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(n):
-        tokens = rng.integers(0 if zero_tokens else 1, 100, size=int(rng.integers(1, max_len + 1)), dtype=np.int64)
-        samples.append({"tokens": tokens, "label": int(rng.integers(0, 2))})
-    return samples
+    rng, low = np.random.default_rng(seed), 0 if zero_tokens else 1
+    return [{"tokens": rng.integers(low, 100, size=int(rng.integers(1, max_len + 1)), dtype=np.int64),
+             "label": int(rng.integers(0, 2))} for _ in range(n)]
 
 
 def expected_collate(batch: Sequence[Sample]) -> dict[str, Any]:
@@ -47,16 +42,14 @@ def expected_collate(batch: Sequence[Sample]) -> dict[str, Any]:
             "label": torch.tensor([s["label"] for s in batch], dtype=torch.int64)}
 
 
-def _collate_cases() -> Iterator[tuple[str, list[Sample]]]:
+def _cases() -> Iterator[tuple[str, list[Sample]]]:
     """(description, batch): small readable batches first, then seeded random ones."""
-    def batch(*rows: tuple[list[int], int]) -> list[Sample]:
-        return [{"tokens": np.array(tokens), "label": label} for tokens, label in rows]
-
-    yield "two samples, 3 and 1 tokens", batch(([5, 6, 7], 1), ([8], 0))
-    yield "one sample", batch(([4, 2], 0))
-    yield "three samples of equal length", batch(*[([i, i + 1], i % 2) for i in (1, 3, 5)])
-    yield "a real token 0", batch(([4, 0, 2], 1), ([7], 0))
-    yield "the longest sample last", batch(([9], 0), ([1, 2, 3, 4], 1))
+    for description, rows in (("two samples, 3 and 1 tokens", [([5, 6, 7], 1), ([8], 0)]),
+                              ("one sample", [([4, 2], 0)]),
+                              ("three samples of equal length", [([i, i + 1], i % 2) for i in (1, 3, 5)]),
+                              ("a real token 0", [([4, 0, 2], 1), ([7], 0)]),
+                              ("the longest sample last", [([9], 0), ([1, 2, 3, 4], 1)])):
+        yield description, [{"tokens": np.array(tokens), "label": label} for tokens, label in rows]
     rng = random.Random(0)
     for seed in range(40):
         size, zero_tokens = rng.randint(1, 8), seed >= 20  # from seed 20 on, 0 is also a real token id
@@ -73,13 +66,22 @@ def check_collate(collate_fn: Callable[[list[Sample]], Any]) -> None:
                "minidl_course.padding.pad_sequence": (padding.pad_sequence,),
                "minidl_course.padding.pad_collate": (padding.pad_collate,)}
     checks = _Checks(collate_fn)
-    for description, batch in _collate_cases():
+    for description, batch in _cases():
         rows = ", ".join(f"{{'tokens': {s['tokens'].tolist()}, 'label': {s['label']}}}" for s in batch)
-        case = f"{description}: [{rows}]"
-        untouched = copy.deepcopy(batch)
-        got = checks.watched(library, case, "your collate called {0}", DELEGATED,
-                             collate_fn, batch, what="collate function")
-        _compare(got, expected_collate(untouched), batch, untouched, case, checks)
+        case, untouched = f"{description}: [{rows}]", copy.deepcopy(batch)
+        with checks.watching(library, case, "your collate called {0}", DELEGATED):
+            got = call(collate_fn, batch, what="collate function", case=case)
+        expected, changed = expected_collate(untouched), first_difference(untouched, batch, where="batch")
+        checks.first(case, (changed, f"your collate changed the samples it was given: {changed}",
+                            "build new tensors for the batch; never write into the samples."),
+                     (not isinstance(got, dict), f"the result should be a dict with keys {list(expected)}, but it is "
+                      f"{_type_name(got)}", ""))
+        checks.first(case, (sorted(got) != sorted(expected), f"the result should have the keys {sorted(expected)}, "
+                            f"but it has {sorted(got)}", ""))
+        for key in expected:
+            problem = first_difference(expected[key], got[key], where=f"batch[{key!r}]")
+            if problem:
+                checks.fail(case, problem, _hint(key, got[key], expected[key], batch))
         checks.passed += 1
     samples = make_token_samples(10, seed=99, zero_tokens=True)
     saved_rng = torch.get_rng_state()  # every epoch of a DataLoader draws a base seed from it
@@ -87,48 +89,33 @@ def check_collate(collate_fn: Callable[[list[Sample]], Any]) -> None:
         for name, loader_cls in _loaders():
             problem = first_difference(list(loader_cls(samples, batch_size=4, collate_fn=expected_collate)),
                                        list(loader_cls(samples, batch_size=4, collate_fn=collate_fn)), "batches")
-            if problem:
-                checks.fail(f"{name}(make_token_samples(10, seed=99, zero_tokens=True), batch_size=4, "
-                            "collate_fn=yours)", problem)
+            checks.first(f"{name}(make_token_samples(10, seed=99, zero_tokens=True), batch_size=4, collate_fn=yours)",
+                         (problem, problem, ""))
             checks.passed += 1
     finally:
         torch.set_rng_state(saved_rng)
     checks.done()
 
 
-def _compare(got, expected, batch: list[Sample], untouched: list[Sample], case: str, checks: _Checks) -> None:
+def _hint(key: str, value, want, batch: Sequence[Sample]) -> str:
+    """Why ``batch[key]`` is not the spec's: not a tensor, its dtype, its shape, or its first wrong value."""
     torch = _torch()
-    changed = first_difference(untouched, batch, where="batch")
-    if changed:
-        checks.fail(case, f"your collate changed the samples it was given: {changed}",
-                    "build new tensors for the batch; never write into the samples.")
-    if not isinstance(got, dict):
-        checks.fail(case, f"the result should be a dict with keys {list(expected)}, but it is {_type_name(got)}")
-    if sorted(got) != sorted(expected):
-        checks.fail(case, f"the result should have the keys {sorted(expected)}, but it has {sorted(got)}")
     lengths = [len(s["tokens"]) for s in batch]
-    for key in ("tokens", "mask", "label"):
-        value, want = got[key], expected[key]
-        problem = first_difference(want, value, where=f"batch[{key!r}]")
-        if problem:
-            tensor = isinstance(value, torch.Tensor)
-            checks.fail(case, problem, first_hint(
-                "", (not tensor, "turn lists and arrays into tensors: torch.tensor(...) or torch.as_tensor(...)."),
-                (tensor and value.dtype != want.dtype, DTYPE_HINTS[key]),
-                (tensor and value.shape != want.shape, "one label per sample." if key == "label" else
-                 f"{len(batch)} rows (one per sample) by {max(lengths)} columns (the longest sample in this batch, "
-                 "not a fixed length).")) or _value_hint(key, value, want, batch, lengths))
-
-
-def _value_hint(key: str, value, want, batch: Sequence[Sample], lengths: list[int]) -> str:
-    torch = _torch()
+    if not isinstance(value, torch.Tensor):
+        return "turn lists and arrays into tensors: torch.tensor(...) or torch.as_tensor(...)."
+    if value.dtype != want.dtype:
+        return DTYPE_HINTS[key]
+    if value.shape != want.shape:
+        return "one label per sample." if key == "label" else (f"{len(batch)} rows (one per sample) by {max(lengths)} "
+                                                               "columns (the longest sample in this batch, not a "
+                                                               "fixed length).")
     if key == "label":
         return "label[i] is sample i's label, in batch order."
     i, j = (int(v) for v in torch.nonzero(value != want)[0])
-    if key == "mask" and j < lengths[i] and int(batch[i]["tokens"][j]) == 0:
-        return f"sample {i} has a real token 0 at position {j}: build the mask from the lengths, not from tokens != 0."
     if key == "mask":
-        return f"mask[i, j] is True exactly when j < the length of sample i (here {lengths[i]})."
+        return (f"sample {i} has a real token 0 at position {j}: build the mask from the lengths, not from tokens != 0."
+                if j < lengths[i] and int(batch[i]["tokens"][j]) == 0 else
+                f"mask[i, j] is True exactly when j < the length of sample i (here {lengths[i]}).")
     left = torch.zeros_like(want)
     for r, n in enumerate(lengths):
         left[r, left.shape[1] - n :] = torch.as_tensor(batch[r]["tokens"])

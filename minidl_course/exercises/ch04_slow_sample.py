@@ -1,8 +1,6 @@
 """Checker for ch04_slow_sample: find, from a loader's trace, the one sample that makes an epoch slow (notebook 04).
-
 ``find_slow_sample(loader)`` gets a traced DataLoader whose dataset does not say which sample is slow; the checker
-times every sample itself and compares.
-"""
+times every sample itself and compares."""
 
 from __future__ import annotations
 
@@ -20,6 +18,13 @@ from minidl_course.exercises._common import _Checks, _short, _torch, call, first
 # (`dataset.__dict__[...]`, vars(dataset) and dir(dataset) all read it through __getattribute__).
 PEEKED_THROUGH = ("slow_index", "slow_delay", "delay", "__dict__")
 DIRECT_CALLS: list[int] = []  # samples fetched in this process by code other than a loader's (yours, timing them)
+# (n, slow index, batch size, workers, shuffle): workers or not, shuffled or not
+CASES = ((24, 17, 4, 0, False), (32, 5, 4, 2, False), (32, 22, 3, 2, True), (20, 0, 5, 1, True))
+
+
+def _fields(dataset: SlowSampleDataset) -> tuple:
+    """Its ``n, slow_index, delay, slow_delay``, read without noting a peek."""
+    return tuple(object.__getattribute__(dataset, name) for name in ("n", "slow_index", "delay", "slow_delay"))
 
 
 class SlowSampleDataset(Dataset):
@@ -39,21 +44,19 @@ class SlowSampleDataset(Dataset):
         return object.__getattribute__(self, name)
 
     def __reduce__(self) -> tuple:
-        # A worker's copy (pickled under spawn) is made from the constructor's arguments: sending it is not a peek.
-        get = object.__getattribute__
-        return type(self), (get(self, "n"), get(self, "slow_index"), get(self, "delay"), get(self, "slow_delay"))
+        return type(self), _fields(self)  # a worker's copy (pickled under spawn) is not a peek
 
     def __len__(self) -> int:
-        return object.__getattribute__(self, "n")
+        return self.n
 
     def __getitem__(self, index: int) -> int:
-        get = object.__getattribute__  # the dataset's own reads are not peeks
+        n, slow_index, delay, slow_delay = _fields(self)
         caller = sys._getframe(1).f_globals.get("__name__", "")
         if not (caller.startswith("minidl.") or caller == __name__):  # not a loader's fetch, nor the checker
             DIRECT_CALLS.append(index)
-        if not 0 <= index < get(self, "n"):
-            raise IndexError(f"index {index} out of range for a dataset of {get(self, 'n')}")
-        time.sleep(get(self, "slow_delay") if index == get(self, "slow_index") else get(self, "delay"))
+        if not 0 <= index < n:
+            raise IndexError(f"index {index} out of range for a dataset of {n}")
+        time.sleep(slow_delay if index == slow_index else delay)
         return index
 
 
@@ -65,36 +68,27 @@ def slow_loader(n: int = 48, slow_index: int = 29, batch_size: int = 4, num_work
                       shuffle=shuffle, generator=generator, trace=True)
 
 
-# (n, slow index, batch size, workers, shuffle): workers or not, shuffled or not
-CASES = ((24, 17, 4, 0, False), (32, 5, 4, 2, False), (32, 22, 3, 2, True), (20, 0, 5, 1, True))
-
-
 def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
     """Check ch04_slow_sample: ``find_slow_sample(loader)`` names the slow sample of each of a few traced loaders,
     each with its own; the checker times every sample itself, one at a time, and says what it measured."""
-    checks = _Checks(find_slow_sample)
-    report = []
+    checks, report = _Checks(find_slow_sample), []
     for n, slow, batch_size, workers, shuffle in CASES:
         loader = slow_loader(n, slow, batch_size, workers, shuffle, seed=n)
         case = (f"a traced DataLoader over {n} samples, batch_size={batch_size}, num_workers={workers}, "
                 f"shuffle={shuffle}")
-
-        def empty_trace(e: Exception, case: str = case, loader: DataLoader = loader) -> None:
-            if isinstance(e, ValueError) and ("trace is empty" in str(e) or not loader.trace.rows()):
-                checks.fail(case, f"your function raised ValueError: {e}, with the trace still empty",
-                            "the trace fills as the loader runs: iterate over the loader (one epoch) first, then read "
-                            "loader.trace.")
-
         DIRECT_CALLS.clear()
-        answer = call(find_slow_sample, loader, what="find_slow_sample", case=case, explain=empty_trace)
-        if DIRECT_CALLS:
-            checks.fail(case, f"your function fetched {len(DIRECT_CALLS)} samples itself (dataset[i]), outside the "
-                              "loader", "timing each sample yourself is a second epoch, one sample at a time; the "
-                        "loader's trace has already timed every getitem in the epoch it ran: read it there.")
-        if loader.dataset.peeks:
-            checks.fail(case, f"your function read the dataset's {loader.dataset.peeks[0]!r}",
-                        "a dataset doesn't know which sample is slow; the loader's trace does: find it there, by "
-                        "measuring, as you would on your own data.")
+        answer = call(find_slow_sample, loader, what="find_slow_sample", case=case,
+                      explain=lambda e, case=case, rows=loader.trace.rows: checks.first(case, (
+                          isinstance(e, ValueError) and ("trace is empty" in str(e) or not rows()),
+                          f"your function raised ValueError: {e}, with the trace still empty", "the trace fills as "
+                          "the loader runs: iterate over the loader (one epoch) first, then read loader.trace.")))
+        checks.first(case, (DIRECT_CALLS, f"your function fetched {len(DIRECT_CALLS)} samples itself (dataset[i]), "
+                            "outside the loader", "timing each sample yourself is a second epoch, one sample at a "
+                            "time; the loader's trace has already timed every getitem in the epoch it ran: read it "
+                            "there."),
+                     (loader.dataset.peeks, f"your function read the dataset's {(loader.dataset.peeks or [''])[0]!r}",
+                      "a dataset doesn't know which sample is slow; the loader's trace does: find it there, by "
+                      "measuring, as you would on your own data."))
         times = []  # the checker's own measurement: each dataset[i] timed in this process, one at a time
         for i in range(n):
             start = time.perf_counter()
@@ -102,9 +96,8 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
             times.append(time.perf_counter() - start)
         slowest = max(range(n), key=times.__getitem__)
         took_ms, median_ms = f"{times[slowest] * 1e3:.0f} ms", f"{statistics.median(times) * 1e3:.1f} ms"
-        if type(answer) is not int:
-            checks.fail(case, f"your function returned {_short(answer)}",
-                        "return the sample's index as a plain int, e.g. int(row['index']).")
+        checks.first(case, (type(answer) is not int, f"your function returned {_short(answer)}",
+                            "return the sample's index as a plain int, e.g. int(row['index'])."))
         if answer != slowest:
             checks.fail(case, f"your function said sample {answer}, but I timed each of the {n} samples myself: "
                         f"sample {slowest} took {took_ms}, the median {median_ms}",
@@ -117,23 +110,23 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
 
 
 def _wrong_answer_hint(loader: DataLoader, answer, slowest: int, batch_size: int, shuffle: bool) -> str:
-    getitems = [r for r in (loader.trace.rows() if loader.trace is not None else []) if r["event"] == "getitem"]
-    slow_row = next((r for r in getitems if r.get("index") == slowest), None)
-    fastest = bool(getitems) and answer == min(getitems, key=lambda r: r["end"] - r["start"]).get("index")
+    """The mistake that names ``answer`` instead of ``slowest``, read from the loader's trace."""
+    rows = [r for r in (loader.trace.rows() if loader.trace is not None else []) if r["event"] == "getitem"]
+    slow = next((r for r in rows if r.get("index") == slowest), None)
+    fastest = bool(rows) and answer == min(rows, key=lambda r: r["end"] - r["start"]).get("index")
     fastest_hint = "that is the fastest sample: take the getitem row with the longest end - start (max, not min)."
     started_last = ("that sample started last, it wasn't the slowest: a row's duration is row['end'] - row['start']; "
                     "take the getitem row with the longest one.")
-    same_batch = [r for r in getitems if slow_row is not None and r["batch"] == slow_row["batch"]]
-    near = [hint for applies, hint in (
-        (answer in (slowest - 1, slowest + 1), "off by one: return row['index'] as the trace has it (0-based)."),
-        (fastest, fastest_hint)) if applies]
+    near = [hint for holds, hint in ((answer in (slowest - 1, slowest + 1), "off by one: return row['index'] as the "
+                                      "trace has it (0-based)."), (fastest, fastest_hint)) if holds]
     return first_hint(
         " Or: ".join(near) or "look at the getitem rows of loader.trace.rows(): the one with the longest end - start "
         "is the slow sample, and row['index'] is its index.",
-        (slow_row is not None and answer == slow_row["batch"], f"{answer} is the number of the batch that held the "
-         "slow sample; each getitem row carries the sample's own index in row['index']."),
-        (getitems and answer == max(getitems, key=lambda r: r["start"]).get("index"),  # the last can be the fastest
+        (slow is not None and answer == slow["batch"], f"{answer} is the number of the batch that held the slow "
+         "sample; each getitem row carries the sample's own index in row['index']."),
+        (rows and answer == max(rows, key=lambda r: r["start"]).get("index"),  # the last can be the fastest
          f"{fastest_hint} Or: {started_last}" if fastest else started_last),
-        (shuffle and slow_row is not None and answer == slow_row["batch"] * batch_size + same_batch.index(slow_row),
+        (shuffle and slow is not None
+         and answer == slow["batch"] * batch_size + [r for r in rows if r["batch"] == slow["batch"]].index(slow),
          "this loader shuffles: a sample's place in the epoch is not its index. Read the index the getitem row "
          "carries, row['index']."))

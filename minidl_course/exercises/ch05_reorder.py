@@ -1,8 +1,6 @@
-"""Checker for ch05_reorder: the reorder buffer that ``in_order=True`` needs (notebook 05).
-
-Workers answer in whatever order they finish; ``_MultiProcessingDataLoaderIter`` holds early answers in
-``_task_info`` and hands them out at ``_rcvd_idx``. Batch k is due once every task up to k has arrived.
-"""
+"""Checker for ch05_reorder: the reorder buffer that ``in_order=True`` needs (notebook 05). Workers answer in the order
+they finish; ``_MultiProcessingDataLoaderIter`` holds early answers in ``_task_info`` and hands them out at
+``_rcvd_idx``. Batch k is due once every task up to k has arrived."""
 
 from __future__ import annotations
 
@@ -11,19 +9,18 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate
 from typing import Any
 
-from minidl_course.exercises._common import _Checks, _short, _torch, call, first_hint, yours
+from minidl_course.exercises._common import _Checks, _short, _torch, call, yours
+
+DELEGATED = ("the reorder buffer is what _MultiProcessingDataLoaderIter keeps in _task_info and _rcvd_idx: write "
+             "it yourself, with a dict of early batches and the index of the next one due; don't run {0}.")
 
 
 class Arrivals:
-    """The answers ``(task_idx, batch)`` in arrival order, counting how many have been read (``taken``).
-
-    >>> arrivals = Arrivals([1, 0])
-    >>> next(arrivals), arrivals.taken
-    ((1, 'batch 1'), 1)
-    """
+    """The answers ``(task_idx, f"batch {task_idx}")`` in arrival ``order``; ``taken`` counts those read so far,
+    ``passes`` the loops over them."""
 
     def __init__(self, order: list[int]) -> None:
-        self.order, self.taken, self.passes = list(order), 0, 0  # taken: arrivals read so far; passes: iter() calls
+        self.order, self.taken, self.passes = list(order), 0, 0
 
     def __iter__(self) -> Iterator[tuple[int, str]]:
         self.passes += 1
@@ -32,9 +29,8 @@ class Arrivals:
     def __next__(self) -> tuple[int, str]:
         if self.taken >= len(self.order):
             raise StopIteration
-        task_idx = self.order[self.taken]
         self.taken += 1
-        return task_idx, f"batch {task_idx}"
+        return self.order[self.taken - 1], f"batch {self.order[self.taken - 1]}"
 
 
 def due_after(order: list[int]) -> list[int]:
@@ -47,7 +43,7 @@ def due_after(order: list[int]) -> list[int]:
     return list(accumulate((position[k] + 1 for k in range(len(order))), max))  # the running maximum
 
 
-def _reorder_cases() -> Iterator[list[int]]:
+def _orders() -> Iterator[list[int]]:
     """Arrival orders: small readable ones, then seeded random ones, disordered the way workers disorder them."""
     yield from ([0, 1, 2], [1, 0, 2], [2, 0, 1, 3], [1, 2, 3, 0, 4], [4, 3, 2, 1, 0], [0], [])  # 4th: task 0 slow
     rng = random.Random(0)
@@ -55,10 +51,6 @@ def _reorder_cases() -> Iterator[list[int]]:
         n, window = rng.randint(1, 16), rng.randint(1, 5)
         keys = [k + rng.uniform(0, window) for k in range(n)]  # each task finishes up to `window` tasks late
         yield sorted(range(n), key=keys.__getitem__)
-
-
-DELEGATED = ("the reorder buffer is what _MultiProcessingDataLoaderIter keeps in _task_info and _rcvd_idx: write "
-             "it yourself, with a dict of early batches and the index of the next one due; don't run {0}.")
 
 
 def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]]) -> None:
@@ -69,58 +61,46 @@ def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]])
     checks = _Checks(reorder)
     library = {"minidl's DataLoader": (DataLoader.__iter__, _BaseDataLoaderIter.__next__),
                "torch's DataLoader": (_torch().utils.data.DataLoader.__iter__,)}
-    for order in _reorder_cases():
+    for order in _orders():
         case = f"arrival order {order}" if order else "no arrivals at all"
-        arrivals, got = Arrivals(order), []
-        checks.watched(library, case, "your reorder ran {0}", DELEGATED, _run_reorder, reorder, arrivals, got, case,
-                       checks)
-        if arrivals.passes > 1:
-            checks.fail(case, f"you iterated the arrivals {arrivals.passes} times",
-                        "answers from workers can be read only once: loop over the arrivals once.")
-        if len(got) < len(order):
-            checks.fail(case, f"{len(order)} batches arrived, but you handed out {len(got)}: "
-                              f"{[f'batch {k}' for k in range(len(got), len(order))]} never came out",
-                        "when an arrival makes the next batch due, keep handing out the held batches that follow it, "
-                        "with a while loop, not an if.")
-        if len(got) > len(order):
-            checks.fail(case, f"{len(order)} batches arrived, but you handed out more: {got}",
-                        "each batch goes out exactly once: remove it from the buffer when you yield it.")
+        arrivals, got, due = Arrivals(order), [], due_after(order)
+        with checks.watching(library, case, "your reorder ran {0}", DELEGATED), yours("reorder", case):
+            for k, batch in enumerate(reorder(arrivals)):
+                got.append(batch)
+                if k >= len(order):
+                    break
+                want, wrong = f"batch {k}", f"output {k} should be 'batch {k}', but it is "
+                checks.first(
+                    case, (isinstance(batch, tuple) and len(batch) == 2 and batch[1] == want, f"{wrong}{batch!r}",
+                           "yield the batch alone; the task number only tells you where it goes."),
+                    (batch == f"batch {order[k]}" != want, f"{wrong}{batch!r}, arrival number {k + 1}",
+                     "hand batches out by task number, not in arrival order: hold an early one in a dict keyed by "
+                     "task_idx until every batch before it has gone out."),
+                    (batch != want, wrong + _short(batch), "the next batch to hand out is the one with the lowest task "
+                     "number not handed out yet, starting at 0."),
+                    (arrivals.taken > due[k], f"batch {k} was due after {due[k]} arrivals, but you had read "
+                     f"{arrivals.taken} when you handed it out",
+                     "you read every arrival before handing anything out: yield a batch as soon as it is due; holding "
+                     "them all costs memory and makes the training loop wait."
+                     if k == 0 and arrivals.taken == len(order) and due[k] < len(order) else
+                     "before reading another arrival, hand out the batch due next if it is already held: after each "
+                     "arrival, yield in a while loop for as long as the next index is in the buffer."))
+        checks.first(
+            case, (arrivals.passes > 1, f"you iterated the arrivals {arrivals.passes} times",
+                   "answers from workers can be read only once: loop over the arrivals once."),
+            (len(got) < len(order), f"{len(order)} batches arrived, but you handed out {len(got)}: "
+             f"{[f'batch {k}' for k in range(len(got), len(order))]} never came out",
+             "when an arrival makes the next batch due, keep handing out the held batches that follow it, with a "
+             "while loop, not an if."),
+            (len(got) > len(order), f"{len(order)} batches arrived, but you handed out more: {got}",
+             "each batch goes out exactly once: remove it from the buffer when you yield it."))
         checks.passed += 1
     case = ("minidl.DataLoader(toy.SlowDataset(16, slow=(2,)), batch_size=2, num_workers=2, in_order=False), "
             "each batch numbered by its first index // 2")  # out-of-order answers from a real loader
     loader = DataLoader(toy.SlowDataset(16, slow=(2,), slow_delay=0.05), batch_size=2, num_workers=2, in_order=False)
     arrivals = [(int(batch[0]) // 2, batch) for batch in loader]
     got = [batch.tolist() for batch in call(reorder, iter(arrivals), what="reorder", case=case)]
-    if got != [[2 * k, 2 * k + 1] for k in range(8)]:
-        checks.fail(case, f"arrived as {[k for k, _ in arrivals]}; you handed out {got}, not "
-                          f"{[[2 * k, 2 * k + 1] for k in range(8)]}")
+    want = [[2 * k, 2 * k + 1] for k in range(8)]
+    checks.first(case, (got != want, f"arrived as {[k for k, _ in arrivals]}; you handed out {got}, not {want}", ""))
     checks.passed += 1
     checks.done()
-
-
-def _run_reorder(reorder, arrivals: Arrivals, got: list, case: str, checks: _Checks) -> None:
-    order, due = arrivals.order, due_after(arrivals.order)
-    with yours("reorder", case):
-        for k, batch in enumerate(reorder(arrivals)):
-            got.append(batch)
-            if k >= len(order):
-                break
-            if batch != f"batch {k}":
-                checks.fail(case, *first_hint(
-                    (f"output {k} should be 'batch {k}', but it is {_short(batch)}", "the next batch to hand out is "
-                     "the one with the lowest task number not handed out yet, starting at 0."),
-                    (isinstance(batch, tuple) and len(batch) == 2 and batch[1] == f"batch {k}",
-                     (f"output {k} should be 'batch {k}', but it is {batch!r}",
-                      "yield the batch alone; the task number only tells you where it goes.")),
-                    (batch == f"batch {order[k]}" and order[k] != k,
-                     (f"output {k} should be 'batch {k}', but it is {batch!r}, arrival number {k + 1}",
-                      "hand batches out by task number, not in arrival order: hold an early one in a dict keyed by "
-                      "task_idx until every batch before it has gone out."))))
-            if arrivals.taken > due[k]:
-                checks.fail(case, f"batch {k} was due after {due[k]} arrivals, but you had read {arrivals.taken} "
-                                  "when you handed it out",
-                            "you read every arrival before handing anything out: yield a batch as soon as it is due; "
-                            "holding them all costs memory and makes the training loop wait."
-                            if k == 0 and arrivals.taken == len(order) and due[k] < len(order) else
-                            "before reading another arrival, hand out the batch due next if it is already held: after "
-                            "each arrival, yield in a while loop for as long as the next index is in the buffer.")

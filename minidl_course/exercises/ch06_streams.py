@@ -1,8 +1,6 @@
 """The stream dataset of the ch06 exercises, a torch ``IterableDataset`` so that torch's DataLoader takes it too;
 imported only when a ch06 check or helper runs (``import minidl_course.exercises`` needs NumPy alone)."""
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 
 import torch.utils.data
