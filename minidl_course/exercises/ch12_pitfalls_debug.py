@@ -5,7 +5,6 @@ run in the checker's rounds and held to its clock)."""
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing
 import os
 import signal
@@ -33,8 +32,7 @@ from minidl_course.toy import SlowDataset
 # --- 1. copy-on-read --------------------------------------------------------------------------------
 
 ITEMS = 1_000_000
-LEAK_FRACTION = 0.3  # your dataset's worker growth must be under this part of ListDataset's
-LEAK_FLOOR_MB = 2.0  # ... or under this many MB, whichever is larger
+LEAK_FRACTION, LEAK_FLOOR_MB = 0.3, 2.0  # your workers' growth must be under 30% of ListDataset's, or under 2 MB
 LeakMeasured = namedtuple("LeakMeasured", "yours buggy")  # the median worker's growth over an epoch, in MB
 
 
@@ -164,8 +162,7 @@ class LockedDataset(Dataset):
 
 
 def _run_locked_loader(loader_kwargs: dict[str, Any]) -> None:
-    """What the separate process runs: the busy thread, then an epoch with 2 workers, forked whatever this machine's
-    default (the pitfall is fork's) unless ``loader_kwargs`` chooses another start method."""
+    """The separate process: the busy thread, then an epoch with 2 workers, forked unless ``loader_kwargs`` says."""
     multiprocessing.set_start_method("fork", force=True)
     hold_lock_forever()
     time.sleep(0.1)
@@ -303,7 +300,7 @@ def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = SWEEP_ROUNDS,
         _EPOCHS = []
         try:
             seconds = harness.as_number(call(time_epoch, w, what="time_epoch", case=f"time_epoch({w})"))
-            return math.nan if seconds is None else seconds, next((s for n, s in reversed(_EPOCHS) if n == w), None)
+            return np.nan if seconds is None else seconds, next((s for n, s in reversed(_EPOCHS) if n == w), None)
         finally:
             _EPOCHS = None
 
@@ -311,7 +308,7 @@ def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = SWEEP_ROUNDS,
 
 
 def _off(w: int, got: float, ours: float | None) -> str:
-    returned = "no number" if math.isnan(got) else f"{got:.3f} s"
+    returned = "no number" if np.isnan(got) else f"{got:.3f} s"
     if ours is None:
         return f"time_epoch({w}) returned {returned}, but it ran no sweep_epoch({w}, ...)"
     return (f"time_epoch({w}) returned {returned}, but the sweep_epoch({w}, ...) it ran took {ours:.3f} s on the "
@@ -320,13 +317,8 @@ def _off(w: int, got: float, ours: float | None) -> str:
 
 def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
                       measure: Callable[[], dict[int, list[float]]] | None = None) -> dict[int, list[float]]:
-    """Check part 3: ``time_epoch(w)`` returns the seconds of one epoch of ``sweep_epoch(w)``; ``sweep`` is your
-    ``{num_workers: median seconds}``; ``num_workers`` your choice. Your sweep must agree with the checker's rounds
-    of your time_epoch (each epoch on its clock), and your choice be within ``TOLERANCE`` of their fastest."""
-    def first(checks: _Checks) -> None:
-        check_sweep_answer(num_workers, sweep, checks)
-        check_timer(time_epoch, checks)
-
+    """Check part 3: ``sweep`` (``{num_workers: median seconds}``) must agree with the checker's rounds of your
+    ``time_epoch``, and ``num_workers`` be within ``TOLERANCE`` of their fastest."""
     def report(measured: dict[int, list[float]]) -> str:
         medians = {w: statistics.median(t) for w, t in measured.items()}
         best = min(medians, key=medians.get)
@@ -335,23 +327,14 @@ def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], 
                 + f"; fastest num_workers={best}, and any within {TOLERANCE}x of it "
                 f"({medians[best] * TOLERANCE * 1e3:.0f} ms) is accepted")
 
-    return harness.measure_then_judge([], first, measure or (lambda: measure_sweep(time_epoch)), report,
-                                      lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
+    return harness.measure_then_judge(
+        [], lambda checks: check_answers(num_workers, sweep, time_epoch, checks),
+        measure or (lambda: measure_sweep(time_epoch)), report,
+        lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
 
 
-def check_timer(time_epoch: Any, checks: _Checks) -> None:
-    """``time_epoch(0)``, once, before the rounds: a sweep of one round over ``[0]``."""
-    if not callable(time_epoch):
-        checks.fail("time_epoch(0)", f"time_epoch should be a function of num_workers, but it is {time_epoch!r}",
-                    "def time_epoch(w): start = time.perf_counter(); sweep_epoch(w, dataset); "
-                    "return time.perf_counter() - start")
-    first = measure_sweep(time_epoch, rounds=1, sweep=[0])
-    if first.problem:
-        checks.fail("time_epoch(0)", first.problem, CLOCK_HINT)
-    checks.passed += 1
-
-
-def check_sweep_answer(num_workers: Any, sweep: Any, checks: _Checks) -> None:
+def check_answers(num_workers: Any, sweep: Any, time_epoch: Any, checks: _Checks) -> None:
+    """Your sweep and choice as values, then ``time_epoch(0)`` once, as a sweep of one round over ``[0]``."""
     case = f"num_workers = {num_workers!r}, sweep = {sweep!r}"
     if not isinstance(sweep, dict) or sorted(sweep) != sorted(SWEEP):
         checks.fail(case, f"sweep should be a dict with one epoch time per num_workers in SWEEP, {SWEEP}",
@@ -362,6 +345,14 @@ def check_sweep_answer(num_workers: Any, sweep: Any, checks: _Checks) -> None:
     if isinstance(num_workers, bool) or not isinstance(num_workers, int | np.integer) or num_workers not in SWEEP:
         checks.fail(case, f"num_workers should be one of the values you swept, {SWEEP}, but it is {num_workers!r}",
                     "choose from what you measured, not from a rule of thumb.")
+    checks.passed += 1
+    if not callable(time_epoch):
+        checks.fail("time_epoch(0)", f"time_epoch should be a function of num_workers, but it is {time_epoch!r}",
+                    "def time_epoch(w): start = time.perf_counter(); sweep_epoch(w, dataset); "
+                    "return time.perf_counter() - start")
+    first = measure_sweep(time_epoch, rounds=1, sweep=[0])
+    if first.problem:
+        checks.fail("time_epoch(0)", first.problem, CLOCK_HINT)
     checks.passed += 1
 
 
