@@ -308,6 +308,7 @@ def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = SWEEP_ROUNDS,
 
 
 def _off(w: int, got: float, ours: float | None) -> str:
+    """What a ``time_epoch(w)`` call that ``held_rounds`` found off the checker's clock did, in words."""
     returned = "no number" if np.isnan(got) else f"{got:.3f} s"
     if ours is None:
         return f"time_epoch({w}) returned {returned}, but it ran no sweep_epoch({w}, ...)"
