@@ -260,3 +260,10 @@ def test_ch12_a_time_epoch_in_milliseconds_is_named():
         return (time.perf_counter() - start) * 1000
 
     rejects_with_hint(ch12.check_answers, 0, {w: 1.0 for w in ch12.SWEEP}, in_ms, ch12._Checks(), hint="milliseconds")
+
+
+def test_ch12_a_timer_that_returns_no_number_in_a_later_round_is_named(sweep):
+    timer = paced_timer()
+    measured = ch12.measure_sweep(lambda w: timer(w) if w == 0 else ch12.sweep_epoch(w), rounds=1)  # None after w=0
+    rejects_with_hint(ch12.judge_num_workers, 4, SWEEP_TIMES, measured,
+                      hint=r"(?s)time_epoch\([1-6]\) returned no number, but the sweep_epoch.*time\.perf_counter")
