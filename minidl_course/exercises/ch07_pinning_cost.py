@@ -16,8 +16,7 @@ from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_difference
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
-ROUNDS = 15
-CALLS_PER_ROUND = 10
+ROUNDS, CALLS_PER_ROUND = 15, 10
 RATIO_FACTOR = 1.5  # a reported ratio within this factor of the median of the checker's rounds is accepted
 REUSE_PAYS = 1.5  # measured ratio above this: reusing pays, so reuse_pays must be True
 REUSE_DOES_NOT_PAY = 1.15  # below this: it must be False; in between either is accepted

@@ -1,6 +1,5 @@
-"""Checkers for exercise ch12, three loaders to debug: copy-on-read (forked workers' memory growth over an epoch), a
-hang at fork (the loader run in a separate process, killed at a timeout), and how many workers (the learner's timer,
-run in the checker's rounds and held to its clock)."""
+"""Checkers for exercise ch12, three loaders to debug: copy-on-read (workers' memory growth), a hang at fork (run in a
+separate process under a timeout), and how many workers (the learner's timer, held to the checker's clock)."""
 
 from __future__ import annotations
 
@@ -304,16 +303,14 @@ def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = SWEEP_ROUNDS,
         finally:
             _EPOCHS = None
 
-    return harness.held_rounds(SWEEP if sweep is None else sweep, rounds, run, _off)
+    def off(w: int, got: float, ours: float | None) -> str:  # a call that held_rounds found off the clock, in words
+        returned = "no number" if np.isnan(got) else f"{got:.3f} s"
+        if ours is None:
+            return f"time_epoch({w}) returned {returned}, but it ran no sweep_epoch({w}, ...)"
+        return (f"time_epoch({w}) returned {returned}, but the sweep_epoch({w}, ...) it ran took {ours:.3f} s on the "
+                "checker's clock" + (f": {harness.MILLISECONDS}" if harness.close(got / 1000, ours, 1.25) else ""))
 
-
-def _off(w: int, got: float, ours: float | None) -> str:
-    """What a ``time_epoch(w)`` call that ``held_rounds`` found off the checker's clock did, in words."""
-    returned = "no number" if np.isnan(got) else f"{got:.3f} s"
-    if ours is None:
-        return f"time_epoch({w}) returned {returned}, but it ran no sweep_epoch({w}, ...)"
-    return (f"time_epoch({w}) returned {returned}, but the sweep_epoch({w}, ...) it ran took {ours:.3f} s on the "
-            "checker's clock" + (f": {harness.MILLISECONDS}" if harness.close(got / 1000, ours, 1.25) else ""))
+    return harness.held_rounds(SWEEP if sweep is None else sweep, rounds, run, off)
 
 
 def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
