@@ -216,7 +216,7 @@ def test_ch12_num_workers_wrong_choices_are_rejected(sweep, choice, sweep_times,
 
 
 def test_ch12_num_workers_sweep_must_cover_the_values(sweep):
-    rejects_with_hint(ch12.check_sweep_answer, 4, {4: 0.2}, ch12._Checks(), hint="the sweep you ran")
+    rejects_with_hint(ch12.check_answers, 4, {4: 0.2}, paced_timer(), ch12._Checks(), hint="the sweep you ran")
 
 
 # --- issue 33 -----------------------------------------------------------------------------------------------
@@ -259,4 +259,11 @@ def test_ch12_a_time_epoch_in_milliseconds_is_named():
         ch12.sweep_epoch(w, ch12.DecodeDataset(n=8))
         return (time.perf_counter() - start) * 1000
 
-    rejects_with_hint(ch12.check_timer, in_ms, ch12._Checks(), hint="milliseconds")
+    rejects_with_hint(ch12.check_answers, 0, {w: 1.0 for w in ch12.SWEEP}, in_ms, ch12._Checks(), hint="milliseconds")
+
+
+def test_ch12_a_timer_that_returns_no_number_in_a_later_round_is_named(sweep):
+    timer = paced_timer()
+    measured = ch12.measure_sweep(lambda w: timer(w) if w == 0 else ch12.sweep_epoch(w), rounds=1)  # None after w=0
+    rejects_with_hint(ch12.judge_num_workers, 4, SWEEP_TIMES, measured,
+                      hint=r"(?s)time_epoch\([1-6]\) returned no number, but the sweep_epoch.*time\.perf_counter")

@@ -1,8 +1,6 @@
 """Checker for exercise ch07: what page-locking a fresh buffer for every batch costs, measured without a GPU.
-
-``pin_copy(batch, lock_pages)`` must copy a batch into a fresh buffer locked with ``lock_pages`` (``mlock``); the
-checker times it against a copy into a reused buffer and holds ``ratio`` and ``reuse_pays`` to that.
-"""
+``pin_copy(batch, lock_pages)`` copies a batch into a fresh buffer locked with ``lock_pages`` (``mlock``); the checker
+times it against a copy into a reused buffer and holds ``ratio`` and ``reuse_pays`` to that."""
 
 from __future__ import annotations
 
@@ -15,11 +13,10 @@ import numpy as np
 
 from minidl_course import pinning_demo
 from minidl_course.exercises import _measure as harness
-from minidl_course.exercises._common import _Checks, call
+from minidl_course.exercises._common import _Checks, call, first_difference
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
-ROUNDS = 15
-CALLS_PER_ROUND = 10
+ROUNDS, CALLS_PER_ROUND = 15, 10
 RATIO_FACTOR = 1.5  # a reported ratio within this factor of the median of the checker's rounds is accepted
 REUSE_PAYS = 1.5  # measured ratio above this: reusing pays, so reuse_pays must be True
 REUSE_DOES_NOT_PAY = 1.15  # below this: it must be False; in between either is accepted
@@ -51,13 +48,12 @@ class Measured:
 
 def measure(pin_copy: Callable[..., np.ndarray], rounds: int = ROUNDS) -> Measured:
     """``CALLS_PER_ROUND`` calls of ``pin_copy(batch, lock_pages)`` against as many ``copy_into(reused, batch)``, in
-    interleaved rounds. A fresh buffer's cost depends on whether malloc can hand back memory just freed (pages
-    already mapped in), so each call's buffer is dropped before the next, as the exercise's loop drops it."""
+    interleaved rounds."""
     batch = make_batch()
     reused = np.empty_like(batch)
 
-    def pinned() -> None:  # each buffer dropped before the next call, as a loop that keeps no result drops it
-        for _ in range(CALLS_PER_ROUND):
+    def pinned() -> None:
+        for _ in range(CALLS_PER_ROUND):  # each result dropped, as a loader drops a batch: glibc reuses its pages
             pin_copy(batch, pinning_demo.lock_pages)
 
     def copied() -> None:
@@ -83,35 +79,32 @@ def check_pin_copy(pin_copy: Callable[..., np.ndarray], ratio: Any, reuse_pays: 
 
 def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
     returned: list[np.ndarray] = []  # every buffer returned so far, kept alive: a fresh one can't reuse their memory
+    locked: list[np.ndarray] = []  # what the spy lock_pages was given, in this call
+
+    @contextlib.contextmanager
+    def spy(array: np.ndarray) -> Iterator[np.ndarray]:
+        locked.append(array)
+        with pinning_demo.lock_pages(array) as pages:
+            yield pages
+
     for seed, nbytes in enumerate((96 * 1024, 4096, BATCH_BYTES, BATCH_BYTES, BATCH_BYTES)):  # 3: two buffers in turn
         batch = make_batch(nbytes, seed)
-        before, locked = batch.copy(), []
-        case = f"pin_copy(batch of {nbytes:,} bytes, shape {batch.shape}), call {seed + 1}"
-
-        @contextlib.contextmanager
-        def spy(array: np.ndarray, locked: list = locked) -> Iterator[np.ndarray]:  # lock_pages, noting what it locks
-            locked.append(array)
-            with pinning_demo.lock_pages(array) as pages:
-                yield pages
-
+        before, case = batch.copy(), f"pin_copy(batch of {nbytes:,} bytes, shape {batch.shape}), call {seed + 1}"
+        locked.clear()
         out = call(pin_copy, batch, spy, what="pin_copy", case=case)
-        if not isinstance(out, np.ndarray):
-            checks.fail(case, f"pin_copy should return a numpy.ndarray, but it returned {type(out).__name__}",
-                        "return the new buffer (a NumPy array) holding the copy.")
         if not np.array_equal(batch, before):
             checks.fail(case, "pin_copy changed the batch", "copy from the batch into the new buffer, never the other "
                         "way.")
-        if out.shape != batch.shape or out.dtype != batch.dtype or not np.array_equal(out, batch):
-            checks.fail(case, f"the copy should equal the batch (shape {batch.shape}, {batch.dtype}), but it has shape "
-                              f"{out.shape}, {out.dtype}" + (" and other values" if out.shape == batch.shape else ""),
-                        "np.empty_like(batch) makes a buffer of the right shape and dtype; np.copyto(out, batch) "
-                        "fills it.")
+        differs = first_difference(batch, out, "the copy")
+        if differs:
+            checks.fail(case, differs, "return a new buffer holding the copy: np.empty_like(batch) makes one of the "
+                        "batch's shape and dtype; np.copyto(out, batch) fills it.")
         if np.shares_memory(out, batch):
             checks.fail(case, "the returned array is the batch itself (or a view of it), not a copy",
                         "pinning copies: the page-locked buffer is new memory, which the batch is copied into.")
-        again = next((k for k, old in enumerate(returned) if np.shares_memory(out, old)), None)
-        if again is not None:
-            checks.fail(case, f"the buffer returned is the one call {again + 1} returned",
+        again = next((k + 1 for k, old in enumerate(returned) if np.shares_memory(out, old)), 0)
+        if again:
+            checks.fail(case, f"the buffer returned is the one call {again} returned",
                         "this exercise measures a fresh buffer per batch: allocate it inside pin_copy (buffers kept "
                         "from earlier calls, one or several, are the reuse that ratio is compared with).")
         if not locked:

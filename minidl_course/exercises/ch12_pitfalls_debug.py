@@ -1,12 +1,5 @@
-"""Checkers for exercise ch12: three loaders to debug.
-
-1. Copy-on-read: ``check_no_leak`` measures each forked worker's memory growth over an epoch (PSS, or USS where
-   there is no PSS) for the learner's dataset and for ``ListDataset``, a list of Python floats.
-2. A hang at fork: a thread holds ``LOCK``; ``check_no_hang`` runs the learner's loader arguments in a separate
-   process under a timeout, and kills it if it hangs.
-3. How many workers: ``check_num_workers`` runs the learner's ``time_epoch`` in its own rounds, each epoch on its
-   clock, and judges the sweep and the choice against them.
-"""
+"""Checkers for exercise ch12, three loaders to debug: copy-on-read (workers' memory growth), a hang at fork (run in a
+separate process under a timeout), and how many workers (the learner's timer, held to the checker's clock)."""
 
 from __future__ import annotations
 
@@ -20,9 +13,8 @@ import sys
 import threading
 import time
 import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from pathlib import Path
+from collections import namedtuple
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,21 +26,22 @@ from minidl_course import osfacts
 from minidl_course.cores import core_count, worker_sweep
 from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_hint, yours
+from minidl_course.toy import SlowDataset
 
 # --- 1. copy-on-read --------------------------------------------------------------------------------
 
 ITEMS = 1_000_000
-LEAK_FRACTION = 0.3  # your dataset's worker growth must be under this part of ListDataset's
-LEAK_FLOOR_MB = 2.0  # ... or under this many MB, whichever is larger
+LEAK_FRACTION, LEAK_FLOOR_MB = 0.3, 2.0  # your workers' growth must be under 30% of ListDataset's, or under 2 MB
+LeakMeasured = namedtuple("LeakMeasured", "yours buggy")  # the median worker's growth over an epoch, in MB
 
 
 def item_value(index: int) -> float:
-    """What item ``index`` of every dataset in part 1 is: ``index * 0.5``."""
+    """What item ``index`` of every dataset in part 1 is."""
     return index * 0.5
 
 
 class ListDataset(Dataset):
-    """The buggy dataset: ``n`` Python float objects in a list (``item_value(i)`` for each ``i``)."""
+    """The buggy dataset: ``n`` Python float objects in a list."""
 
     def __init__(self, n: int = ITEMS) -> None:
         self.items = [item_value(i) for i in range(n)]
@@ -65,35 +58,21 @@ def memory_kind() -> str:
     return "PSS" if osfacts.pss() else "USS"
 
 
-def memory_collate(batch: list[float]) -> tuple[int, int, float]:
-    """Runs in the worker: ``(worker id, its memory as memory_kind() says, sum of the batch)``."""
-    info, size = get_worker_info(), osfacts.pss_bytes()
-    size = osfacts.uss_bytes() if size is None else size
-    if size is None:
-        raise OSError(f"{osfacts.uss().line()} ({osfacts.pss().line()})")
-    return (-1 if info is None else info.id), size, float(sum(batch))
-
-
 def worker_growth(dataset: Dataset, num_workers: int = 2, batch_size: int = 5000) -> list[float]:
     """Each worker's memory growth in MB from its first batch to its last, over one epoch with forked workers."""
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=memory_collate,
-                        multiprocessing_context="fork")
+    def collate(batch: list[float]) -> tuple[int, int]:  # in the worker: its id and its memory, as memory_kind() says
+        size = osfacts.pss_bytes() or osfacts.uss_bytes()
+        if size is None:
+            raise OSError(f"{osfacts.uss().line()} ({osfacts.pss().line()})")
+        return getattr(get_worker_info(), "id", -1), size
+
+    sizes: dict[int, list[int]] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fork with threads around: the point of part 2, not of this one
-        for worker, size, _ in loader:
-            first.setdefault(worker, size)
-            last[worker] = size
-    return [(last[w] - first[w]) / 2**20 for w in sorted(first)]
-
-
-@dataclass(frozen=True)
-class LeakMeasured:
-    """Median worker memory growth over an epoch (MB), yours and ListDataset's."""
-
-    yours: float
-    buggy: float
+        for worker, size in DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate,
+                                       multiprocessing_context="fork"):
+            sizes.setdefault(worker, []).append(size)
+    return [(s[-1] - s[0]) / 2**20 for _, s in sorted(sizes.items())]
 
 
 def measure_leak(dataset_cls: Callable[[int], Dataset], n: int = ITEMS) -> LeakMeasured:
@@ -117,28 +96,24 @@ def check_items(dataset_cls: Callable[[int], Dataset], checks: _Checks) -> None:
         case = f"{getattr(dataset_cls, '__name__', dataset_cls)}({n})"
         with yours("dataset", case):
             dataset = dataset_cls(n)
-            got_len = len(dataset)
-            got = [dataset[i] for i in range(n)]
-        if got_len != n:
-            checks.fail(case, f"len() should be {n}, but it is {got_len}")
-        for i, value in enumerate(got):
-            if not isinstance(value, float | np.floating) or value != item_value(i):
-                checks.fail(case, f"item {i} should be {item_value(i)!r} (a float), but it is {value!r}",
-                            "item i is i * 0.5, a float: np.arange(n) * 0.5 holds them all in one array.")
+            size, got = len(dataset), [dataset[i] for i in range(n)]
+        if size != n:
+            checks.fail(case, f"len() should be {n}, but it is {size}")
+        i = next((i for i, v in enumerate(got) if not isinstance(v, float | np.floating) or v != item_value(i)), n)
+        if i < n:
+            checks.fail(case, f"item {i} should be {item_value(i)!r} (a float), but it is {got[i]!r}",
+                        "item i is i * 0.5, a float: np.arange(n) * 0.5 holds them all in one array.")
         checks.passed += 1
 
 
 def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks | None = None) -> None:
-    """The verdict on part 1, from the measurement alone (and the dataset, for the hint)."""
+    """The verdict on part 1, from the measurement alone (and a small dataset's attributes, for the hint)."""
     checks = checks or _Checks()
-    case = f"worker memory growth: {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with ListDataset"
     limit = max(LEAK_FRACTION * measured.buggy, LEAK_FLOOR_MB)
     if measured.yours > limit:
-        try:  # what a small instance keeps in its attributes, for the hint
-            values = list(vars(dataset_cls(10)).values())
-        except Exception:
-            values = []
-        checks.fail(case, f"your workers' memory grew by more than {limit:.1f} MB", first_hint(
+        values = getattr(dataset_cls(10), "__dict__", {}).values()
+        checks.fail(f"worker memory growth: {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with "
+                    f"ListDataset", f"your workers' memory grew by more than {limit:.1f} MB", first_hint(
             "hold the items in one NumPy array (np.arange(n) * 0.5): its data is one block of raw bytes with no "
             "reference counts, so reading it writes nothing and the pages stay shared.",
             (any(isinstance(v, np.ndarray) and v.dtype == object for v in values), "an array of dtype object holds "
@@ -153,6 +128,7 @@ def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks | None 
 LOCK = threading.Lock()
 HANG_TIMEOUT_S = 30.0  # spawn starts two fresh interpreters: a few seconds, more on a busy machine
 EXPECTED_BATCHES = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+Outcome = namedtuple("Outcome", "status detail seconds", defaults=("", 0.0))  # status: "ok", "hang" or "error"
 
 
 def hold_lock_forever() -> threading.Thread:
@@ -185,8 +161,7 @@ class LockedDataset(Dataset):
 
 
 def _run_locked_loader(loader_kwargs: dict[str, Any]) -> None:
-    """What the separate process runs: the busy thread, then an epoch with 2 workers. Its workers fork, whatever
-    this machine's default: the pitfall is fork's, so only ``loader_kwargs`` may choose another start method."""
+    """The separate process: the busy thread, then an epoch with 2 workers, forked unless ``loader_kwargs`` says."""
     multiprocessing.set_start_method("fork", force=True)
     hold_lock_forever()
     time.sleep(0.1)
@@ -195,39 +170,28 @@ def _run_locked_loader(loader_kwargs: dict[str, Any]) -> None:
     print("OK", json.dumps([batch.tolist() if hasattr(batch, "tolist") else batch for batch in loader]))
 
 
-@dataclass(frozen=True)
-class Outcome:
-    """How the loader in the separate process ended: "ok", "hang" (killed at the timeout) or "error"."""
-
-    status: str
-    detail: str = ""
-    seconds: float = 0.0
-
-
 def run_locked_loader(loader_kwargs: Mapping[str, Any], timeout: float = HANG_TIMEOUT_S) -> Outcome:
-    """Run ``_run_locked_loader(loader_kwargs)`` in a new process, in its own session: after ``timeout`` the whole
-    process group is killed, so nothing is left running."""
-    root = str(Path(__file__).resolve().parents[3])  # the folder holding the minidl package
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    """Run ``_run_locked_loader(loader_kwargs)`` in a new process in its own session: if it still runs after
+    ``timeout`` seconds, its whole process group (it and its workers) is killed, so nothing is left running."""
     command = [sys.executable, "-c", f"import json, sys; from {__name__} import _run_locked_loader; "
                                      "_run_locked_loader(json.loads(sys.argv[1]))", json.dumps(dict(loader_kwargs))]
     start = time.perf_counter()
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                               start_new_session=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}, start_new_session=True)
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
-        return Outcome("hang", f"no epoch after {timeout:.0f} s: killed", time.perf_counter() - start)
+        out, err = None, f"no epoch after {timeout:.0f} s: killed"
     finally:
-        if process.poll() is None:
+        if process.poll() is None:  # it hung (or this process was interrupted)
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+            process.communicate()
+    seconds = time.perf_counter() - start
+    if out is None:
+        return Outcome("hang", err, seconds)
     if process.returncode == 0 and out.startswith("OK"):
-        return Outcome("ok", out.strip(), time.perf_counter() - start)
-    lines = [line for line in err.strip().splitlines() if line.strip()]
-    return Outcome("error", lines[-1] if lines else f"exit code {process.returncode}", time.perf_counter() - start)
+        return Outcome("ok", out.strip(), seconds)
+    return Outcome("error", (err.strip().splitlines() or [f"exit code {process.returncode}"])[-1], seconds)
 
 
 def check_no_hang(loader_kwargs: Any, run: Callable[[Mapping[str, Any]], Outcome] = run_locked_loader) -> Outcome:
@@ -264,25 +228,23 @@ def check_kwargs(loader_kwargs: Any, checks: _Checks) -> None:
 def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Checks | None = None) -> None:
     """The verdict on part 2, from the outcome of the run alone."""
     checks = checks or _Checks()
-    case = f"DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{dict(loader_kwargs)!r})"
-    context = loader_kwargs.get("multiprocessing_context")
-    hint = ("a forked worker starts with a copy of the parent's memory, LOCK included, taken by a thread that "
-            "does not exist in the child: start workers with multiprocessing_context='spawn' (or 'forkserver'), "
-            "which run a fresh interpreter.")
-    if outcome.status == "hang":
-        checks.fail(case, f"it hung: {outcome.detail}", first_hint(
-            hint, (context in (None, "fork") and loader_kwargs.get("persistent_workers"),
-                   "persistent workers are still forked once, with the lock held: " + hint),
-            (context == "fork", "'fork' is the start method that copies the held lock; " + hint)))
-    if outcome.status == "error":
-        checks.fail(case, f"it failed: {outcome.detail}", first_hint(
-            "read the error: the arguments must be ones DataLoader accepts.",
-            ("timeout" in outcome.detail.lower() or "timed out" in outcome.detail.lower(),
+    context, status, detail = loader_kwargs.get("multiprocessing_context"), outcome.status, outcome.detail
+    fresh = ("a forked worker starts with a copy of the parent's memory, LOCK included, taken by a thread that does "
+             "not exist in the child: start workers with multiprocessing_context='spawn' (or 'forkserver'), which "
+             "run a fresh interpreter.")
+    if status != "ok" or detail != "OK " + json.dumps(EXPECTED_BATCHES):
+        checks.fail(f"DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{dict(loader_kwargs)!r})",
+                    {"hang": "it hung: ", "error": "it failed: "}.get(status, "it finished, but with other batches: ")
+                    + detail, first_hint(
+            f"the epoch should give {EXPECTED_BATCHES}.",
+            (status == "hang" and context in (None, "fork") and loader_kwargs.get("persistent_workers"),
+             "persistent workers are still forked once, with the lock held: " + fresh),
+            (status == "hang" and context == "fork", "'fork' is the start method that copies the held lock; " + fresh),
+            (status == "hang", fresh),
+            (status == "error" and ("timeout" in detail.lower() or "timed out" in detail.lower()),
              "a timeout turns the hang into an error, but the worker is still stuck on the copied lock: change how "
-             "the workers start.")))
-    if outcome.status == "ok" and "OK " + json.dumps(EXPECTED_BATCHES) != outcome.detail:
-        checks.fail(case, f"it finished, but with other batches: {outcome.detail}",
-                    f"the epoch should give {EXPECTED_BATCHES}.")
+             "the workers start."),
+            (status == "error", "read the error: the arguments must be ones DataLoader accepts.")))
     checks.passed += 1
 
 
@@ -291,24 +253,20 @@ def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Chec
 SWEEP = worker_sweep()  # num_workers to try on this machine: 0 ... past its core count (0-4 on 2 cores)
 TOLERANCE = 1.3  # any num_workers whose epoch is within this factor of the fastest is accepted
 SWEEP_ROUNDS = 3
-SWEEP_FACTOR = 1.5  # each time in your sweep must lie within this factor of what your timer gives the checker
-CLOCK_HINT = ("time the epoch you run: read time.perf_counter() just before sweep_epoch(w, dataset) and just after "
-              "it, with the w you were given, and return the difference (not a number typed in).")
+SWEEP_FACTOR = 1.5  # each time in your sweep must lie within this factor of the range your timer gave the checker
+CLOCK_HINT = ("time the epoch you run: start = time.perf_counter() just before sweep_epoch(w, dataset), with the w "
+              "you were given, and return time.perf_counter() - start just after it (seconds, not a number typed in).")
 
 
-class DecodeDataset(Dataset):
+class DecodeDataset(SlowDataset):
     """Item ``i``: ``wait`` seconds of waiting (a read), then ``work`` steps of Python (a decode that holds the GIL)."""
 
     def __init__(self, n: int = 64, wait: float = 0.006, work: int = 15_000) -> None:
-        self.n, self.wait, self.work = n, wait, work
-
-    def __len__(self) -> int:
-        return self.n
+        super().__init__(n, delay=wait)
+        self.work = work
 
     def __getitem__(self, index: int) -> int:
-        if not 0 <= index < self.n:
-            raise IndexError(f"index {index} out of range for {self.n} items")
-        time.sleep(self.wait)
+        super().__getitem__(index)  # the wait, and a check that index is in range
         s = 0
         for k in range(self.work):
             s = (s + k * index) % 65_521
@@ -332,37 +290,33 @@ def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
         _EPOCHS.append((num_workers, time.perf_counter() - start))
 
 
-def clocked_epoch(time_epoch: Callable[[int], Any], w: int) -> tuple[Any, float | None]:
-    """``time_epoch(w)``, and the seconds of the last ``sweep_epoch(w, ...)`` it ran on the checker's clock."""
-    global _EPOCHS
-    _EPOCHS = []
-    try:
-        got = call(time_epoch, w, what="time_epoch", case=f"time_epoch({w})")
-        return got, next((s for n, s in reversed(_EPOCHS) if n == w), None)
-    finally:
-        _EPOCHS = None
-
-
-def _off(w: int, got: float, ours: float | None) -> str:
-    return f"time_epoch({w}) returned {got:.3f} s, but " + (
-        f"the sweep_epoch({w}, ...) it ran took {ours:.3f} s on the checker's clock" if ours is not None else
-        f"it ran no sweep_epoch({w}, ...)")
-
-
-def measure_sweep(time_epoch: Callable[[int], float], rounds: int = SWEEP_ROUNDS) -> dict[int, list[float]]:
-    """Your ``time_epoch(w)`` for each ``w`` in ``SWEEP``, in rotating rounds, each held to the checker's clock."""
+def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = SWEEP_ROUNDS,
+                  sweep: Sequence[int] | None = None) -> harness.Rounds:
+    """Your ``time_epoch(w)`` for each ``w`` in ``sweep`` (``SWEEP``) in rotating rounds, each call held to the epoch
+    it ran on the checker's clock (``problem``: the first call off it)."""
     def run(w: int) -> tuple[float, float | None]:
-        got, ours = clocked_epoch(time_epoch, w)
-        return float(got), ours
+        global _EPOCHS
+        _EPOCHS = []
+        try:
+            seconds = harness.as_number(call(time_epoch, w, what="time_epoch", case=f"time_epoch({w})"))
+            return np.nan if seconds is None else seconds, next((s for n, s in reversed(_EPOCHS) if n == w), None)
+        finally:
+            _EPOCHS = None
 
-    return harness.held_rounds(SWEEP, rounds, run, _off)
+    def off(w: int, got: float, ours: float | None) -> str:  # a call that held_rounds found off the clock, in words
+        returned = "no number" if np.isnan(got) else f"{got:.3f} s"
+        if ours is None:
+            return f"time_epoch({w}) returned {returned}, but it ran no sweep_epoch({w}, ...)"
+        return (f"time_epoch({w}) returned {returned}, but the sweep_epoch({w}, ...) it ran took {ours:.3f} s on the "
+                "checker's clock" + (f": {harness.MILLISECONDS}" if harness.close(got / 1000, ours, 1.25) else ""))
+
+    return harness.held_rounds(SWEEP if sweep is None else sweep, rounds, run, off)
 
 
 def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
                       measure: Callable[[], dict[int, list[float]]] | None = None) -> dict[int, list[float]]:
-    """Check part 3: ``time_epoch(w)`` returns the seconds of one epoch of ``sweep_epoch(w)``; ``sweep`` is your
-    ``{num_workers: median seconds}``; ``num_workers`` your choice. Your sweep must agree with the checker's rounds
-    of your time_epoch (each epoch on its clock), and your choice be within ``TOLERANCE`` of their fastest."""
+    """Check part 3: ``sweep`` (``{num_workers: median seconds}``) must agree with the checker's rounds of your
+    ``time_epoch``, and ``num_workers`` be within ``TOLERANCE`` of their fastest."""
     def report(measured: dict[int, list[float]]) -> str:
         medians = {w: statistics.median(t) for w, t in measured.items()}
         best = min(medians, key=medians.get)
@@ -371,43 +325,32 @@ def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], 
                 + f"; fastest num_workers={best}, and any within {TOLERANCE}x of it "
                 f"({medians[best] * TOLERANCE * 1e3:.0f} ms) is accepted")
 
-    def first(checks: _Checks) -> None:
-        check_sweep_answer(num_workers, sweep, checks)
-        check_timer(time_epoch, checks)
-
-    return harness.measure_then_judge([], first, measure or (lambda: measure_sweep(time_epoch)), report,
-                                      lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
+    return harness.measure_then_judge(
+        [], lambda checks: check_answers(num_workers, sweep, time_epoch, checks),
+        measure or (lambda: measure_sweep(time_epoch)), report,
+        lambda measured, checks: judge_num_workers(num_workers, sweep, measured, checks))
 
 
-def check_timer(time_epoch: Any, checks: _Checks) -> None:
-    """``time_epoch(0)`` returns seconds, those of the epoch it ran on the checker's clock, as in every round."""
-    case = "time_epoch(0)"
-    if not callable(time_epoch):
-        checks.fail(case, f"time_epoch should be a function of num_workers, but it is {time_epoch!r}",
-                    "def time_epoch(w): start = time.perf_counter(); sweep_epoch(w, dataset); "
-                    "return time.perf_counter() - start")
-    got, ours = clocked_epoch(time_epoch, 0)
-    seconds = harness.as_number(got)
-    if seconds is None or seconds <= 0:
-        checks.fail(case, f"should return the epoch's seconds, a positive number, but it returned {got!r}",
-                    "return time.perf_counter() - start, taken around sweep_epoch(w, dataset).")
-    if harness.off_the_clock([seconds], [] if ours is None else [ours]) is not None:
-        in_ms = ours and harness.close(seconds / 1000, ours, 1.25)
-        checks.fail(case, _off(0, seconds, ours), harness.MILLISECONDS if in_ms else CLOCK_HINT)
-    checks.passed += 1
-
-
-def check_sweep_answer(num_workers: Any, sweep: Any, checks: _Checks) -> None:
+def check_answers(num_workers: Any, sweep: Any, time_epoch: Any, checks: _Checks) -> None:
+    """Your sweep and choice as values, then ``time_epoch(0)`` once, as a sweep of one round over ``[0]``."""
     case = f"num_workers = {num_workers!r}, sweep = {sweep!r}"
     if not isinstance(sweep, dict) or sorted(sweep) != sorted(SWEEP):
         checks.fail(case, f"sweep should be a dict with one epoch time per num_workers in SWEEP, {SWEEP}",
                     "keep the sweep you ran and plotted: {num_workers: median seconds}.")
-    if any(harness.as_number(s) is None or harness.as_number(s) <= 0 for s in sweep.values()):
+    if harness.positive_numbers(list(sweep.values())) is None:
         checks.fail(case, "every time in sweep should be a positive number of seconds",
                     "keep the medians your timer measured: {w: statistics.median(times[w]) for w in SWEEP}.")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int | np.integer) or num_workers not in SWEEP:
         checks.fail(case, f"num_workers should be one of the values you swept, {SWEEP}, but it is {num_workers!r}",
                     "choose from what you measured, not from a rule of thumb.")
+    checks.passed += 1
+    if not callable(time_epoch):
+        checks.fail("time_epoch(0)", f"time_epoch should be a function of num_workers, but it is {time_epoch!r}",
+                    "def time_epoch(w): start = time.perf_counter(); sweep_epoch(w, dataset); "
+                    "return time.perf_counter() - start")
+    first = measure_sweep(time_epoch, rounds=1, sweep=[0])
+    if first.problem:
+        checks.fail("time_epoch(0)", first.problem, CLOCK_HINT)
     checks.passed += 1
 
 
@@ -418,8 +361,7 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
     if getattr(measured, "problem", ""):
         checks.fail("your time_epoch, run by the checker", measured.problem, CLOCK_HINT)
     off = [w for w in SWEEP if not harness.agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
-    if off:
-        w = off[0]
+    for w in off[:1]:
         checks.fail(f"your sweep says {w} workers took {float(sweep[w]):.3f} s",
                     f"your time_epoch({w}) measured {min(measured[w]):.3f} to {max(measured[w]):.3f} s when the "
                     f"checker ran it, more than {SWEEP_FACTOR}x away (also off: {off[1:] or 'none'})",
@@ -427,12 +369,11 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
                     "not numbers typed in; if the machine was busy, run the sweep again.")
     checks.passed += 1
     medians = {w: statistics.median(t) for w, t in measured.items()}
-    best = min(medians, key=medians.get)
-    case = (f"num_workers={num_workers}: your timer measured {medians[num_workers] * 1e3:.0f} ms, the fastest "
-            f"({best} workers) {medians[best] * 1e3:.0f} ms")
+    best, mine = min(medians, key=medians.get), min(sweep, key=sweep.get)
     if medians[num_workers] > medians[best] * TOLERANCE:
-        mine = min(sweep, key=sweep.get)
-        checks.fail(case, f"{num_workers} workers was {medians[num_workers] / medians[best]:.2f}x slower than {best}",
+        checks.fail(f"num_workers={num_workers}: your timer measured {medians[num_workers] * 1e3:.0f} ms, the fastest "
+                    f"({best} workers) {medians[best] * 1e3:.0f} ms",
+                    f"{num_workers} workers was {medians[num_workers] / medians[best]:.2f}x slower than {best}",
                     first_hint(
             f"pick the num_workers of the lowest point of your sweep, or the fewest workers within {TOLERANCE}x of it.",
             (mine != num_workers and sweep[num_workers] > sweep[mine] * TOLERANCE,
