@@ -5,6 +5,7 @@ rejects typical wrong answers with the hint that names the mistake.
 import multiprocessing
 import os
 import statistics
+import subprocess
 import time
 
 import numpy as np
@@ -78,12 +79,28 @@ def test_ch12_hang_correct_fix_end_to_end(capsys):
 
 
 @pytest.mark.timeout(60)
-def test_ch12_the_buggy_loader_is_killed_with_its_workers():
+def test_ch12_the_buggy_loader_is_killed_with_its_workers(monkeypatch):
+    """Its process and every worker it forked (they share its new session) are gone: only this test's are counted,
+    since another program on the machine may be running the same exercise."""
+    started, popen = [], subprocess.Popen
+
+    def recording(*args, **kwargs):
+        process = popen(*args, **kwargs)
+        started.append(process.pid)
+        return process
+
+    monkeypatch.setattr(subprocess, "Popen", recording)
     outcome = ch12.run_locked_loader({}, timeout=6)
     assert outcome.status == "hang", outcome
-    assert no_children_left() == []
-    assert not any("_run_locked_loader" in " ".join(p.info["cmdline"] or [])
-                   for p in psutil.process_iter(["cmdline"]) if p.pid != os.getpid())
+    assert len(started) == 1 and no_children_left() == []
+
+    def in_its_session(p):
+        try:
+            return os.getsid(p.pid) == started[0] and p.status() != psutil.STATUS_ZOMBIE
+        except (OSError, psutil.Error):  # gone meanwhile
+            return False
+
+    assert psutil.wait_procs([p for p in psutil.process_iter() if in_its_session(p)], timeout=5)[1] == []
 
 
 def test_ch12_hang_cheat_no_workers_is_rejected():
