@@ -93,9 +93,10 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     checks.done()
 
 
-def _run_in_thread(worker_loop, dataset, collate_fn, tasks, pause: float) -> tuple[list, list, bool, int]:
-    """Run ``worker_loop`` on ``tasks``, the sentinel and one task more (the first task alone for ``pause`` seconds):
-    what it put, what it raised, whether it still runs, and how many items it left unread (1, as it should)."""
+def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate_fn, tasks, pause: float) -> None:
+    """Run ``worker_loop`` in a thread on ``tasks``, the sentinel and one task more (the first task alone for
+    ``pause`` seconds), and judge what it put, what it raised, and whether it stopped at the sentinel."""
+    case = f"{description}, {f'tasks {list(tasks)}, then None' if tasks else 'only the sentinel None'}"
     index_queue, result_queue, raised = queue.Queue(), queue.Queue(), []
     items = [*tasks, None, (999, [0])]  # after the sentinel, a task: a loop that reads it has not stopped
     for item in items[:1 if pause else len(items)]:
@@ -107,29 +108,24 @@ def _run_in_thread(worker_loop, dataset, collate_fn, tasks, pause: float) -> tup
         except BaseException as e:  # noqa: B036 -- anything the learner's loop raises is reported
             raised.append(e)
 
-    thread = threading.Thread(target=run, name="ch05_worker_loop", daemon=True)
-    thread.start()
-    if pause:
-        time.sleep(pause)
-        for item in items[1:]:
-            index_queue.put(item)
-    thread.join(timeout=STUCK_AFTER)
-    still_running, unread = thread.is_alive(), index_queue.qsize()
-    if still_running:
+    def run_in_thread() -> tuple[threading.Thread, int]:
+        thread = threading.Thread(target=run, name="ch05_worker_loop", daemon=True)
+        thread.start()
+        if pause:
+            time.sleep(pause)
+            for item in items[1:]:
+                index_queue.put(item)
+        thread.join(timeout=STUCK_AFTER)
+        return thread, index_queue.qsize()  # unread: 1, the task after the sentinel, as it should be
+
+    thread, unread = checks.watched({"minidl.worker._worker_loop": (_worker_loop,), "torch's _worker_loop": (
+        _torch().utils.data._utils.worker._worker_loop,)}, case, "your loop called {0}", DELEGATED, run_in_thread)
+    if still_running := thread.is_alive():
         for _ in range(3):  # so the thread doesn't wait on the queue forever: unpacking an int raises
             index_queue.put(0)
         thread.join(timeout=1.0)
         raised.clear()  # what the 0 made it raise is the checker's doing, not a finding
-    return [result_queue.get_nowait() for _ in range(result_queue.qsize())], raised, still_running, unread
-
-
-def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate_fn, tasks, pause: float) -> None:
-    case = f"{description}, {f'tasks {list(tasks)}, then None' if tasks else 'only the sentinel None'}"
-    library = {"minidl.worker._worker_loop": (_worker_loop,),
-               "torch's _worker_loop": (_torch().utils.data._utils.worker._worker_loop,)}
-    results, raised, still_running, unread = checks.watched(library, case, "your loop called {0}", DELEGATED,
-                                                            _run_in_thread, worker_loop, dataset, collate_fn, tasks,
-                                                            pause)
+    results = [result_queue.get_nowait() for _ in range(result_queue.qsize())]
     expected = expected_answers(dataset, collate_fn, tasks)
     n, k = len(expected), len(results)
     if raised:
@@ -206,27 +202,20 @@ def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
         checks.fail(case, f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a {wrapped.__name__}")
 
 
-class _Crashed(ExceptionWrapper):
-    """What ``_guarded_worker`` sends back when the worker loop itself raised."""
-
-
 def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, collate_fn) -> None:
     """A worker process's target: run ``worker_loop``, and send back any error it raises instead of printing it."""
     try:
         worker_loop(dataset, index_queue, result_queue, collate_fn)
     except BaseException:  # noqa: B036 -- reported to the main process, which raises it
-        result_queue.put(_Crashed(where=f"in worker process {worker_id}"))
+        result_queue.put(ExceptionWrapper(where=f"in worker process {worker_id}"))
 
 
 def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: Sequence[Task],
                          collate_fn: Callable = default_collate, num_workers: int = 2,
                          start_method: str | None = None, timeout: float = 60.0) -> dict[int, Any]:
-    """Run ``worker_loop`` in ``num_workers`` processes; deal out ``tasks`` round-robin; return ``{task_idx: batch}``.
-
-    The main process's side of notebook 05's picture, in small: one index queue per worker, one shared result
-    queue, a ``None`` sentinel per worker once every answer is in. An error raised by the worker loop itself (not
-    by a sample) is raised here, with the worker's traceback. ``start_method`` None is this platform's default.
-    """
+    """Notebook 05's main process, in small: deal ``tasks`` round-robin to ``num_workers`` processes running
+    ``worker_loop``, a ``None`` per worker once every answer is in; return ``{task_idx: batch}``. An error raised by
+    the loop itself (not by a sample) is raised here. ``start_method`` None is this platform's default."""
     ctx = multiprocessing.get_context(start_method)
     index_queues, result_queue = [ctx.Queue() for _ in range(num_workers)], ctx.Queue()
     workers = [ctx.Process(target=_guarded_worker, args=(worker_loop, i, dataset, q, result_queue, collate_fn),
@@ -247,7 +236,7 @@ def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: 
                     why = f"{dead[0].name} exited with code {dead[0].exitcode}" if dead else f"none for {timeout:g} s"
                     raise RuntimeError(f"{len(answers)} of {len(tasks)} answers arrived: {why}") from None
                 continue
-            if isinstance(answer, _Crashed):
+            if isinstance(answer, ExceptionWrapper):  # not an answer: the loop itself raised
                 answer.reraise()
             answers[answer[0]] = answer[1]
         for q in index_queues:  # only now: a tensor in shared memory must be received before its worker exits
