@@ -142,28 +142,24 @@ def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate
             raise raised[0]
     for i, (want, got) in enumerate(zip(expected, results)):
         _compare(i, want, got, tasks, dataset, case, checks)
-    if k < n:
-        checks.fail(case, *first_hint(
-            (f"your loop returned after {k} of {n} answers",
-             "keep reading tasks until you read None; only the sentinel ends the loop."),
-            (still_running, (f"after {k} of {n} answers your loop stopped answering (it was still running "
-                             f"{STUCK_AFTER:g} s later)", "read a task, answer it, read the next: one put per task, "
-                             "each as soon as it's done.")),
-            (pause, (f"your loop returned after {k} of {n} answers, while the index queue stayed empty for "
-                     f"{pause:g} s", "an empty queue is not the end: a busy main process (a long training step) "
-                     "sends the next task late. Wait with index_queue.get() (with a timeout, go on waiting after "
-                     "queue.Empty); only None ends the loop."))))
-    if k == n + 1 and results[-1] is None and unread == 1:
-        checks.fail(case, "your loop put None on result_queue after its answers", "put only answers on result_queue: "
-                    "the main process knows how many tasks it sent, and a None there is not a (task_idx, batch) "
-                    "pair. At the sentinel, just return.")
-    if unread == 0 or k > n:
-        checks.fail(case, "your loop read past the sentinel: it took the task put after None"
-                    + (f" and answered it with {results[n]!r}" if k > n else ""),
-                    "when index_queue.get() returns None, return from the function right away.")
-    if still_running:
-        checks.fail(case, f"your loop answered every task but was still running {STUCK_AFTER:g} s after the "
-                    "sentinel None", "None means 'no more work': return (or break out of the loop) when you read it.")
+    returned = f"your loop returned after {k} of {n} answers"
+    fails = first_hint(None, (k < n and still_running, (
+        f"after {k} of {n} answers your loop stopped answering (it was still running {STUCK_AFTER:g} s later)",
+        "read a task, answer it, read the next: one put per task, each as soon as it's done.")), (k < n and pause, (
+        f"{returned}, while the index queue stayed empty for {pause:g} s", "an empty queue is not the end: a busy main "
+        "process (a long training step) sends the next task late. Wait with index_queue.get() (with a timeout, go on "
+        "waiting after queue.Empty); only None ends the loop.")), (k < n, (
+        returned, "keep reading tasks until you read None; only the sentinel ends the loop.")), (
+        k == n + 1 and results[-1] is None and unread == 1, ("your loop put None on result_queue after its answers",
+        "put only answers on result_queue: the main process knows how many tasks it sent, and a None there is not a "
+        "(task_idx, batch) pair. At the sentinel, just return.")), (unread == 0 or k > n, (
+        "your loop read past the sentinel: it took the task put after None"
+        + (f" and answered it with {results[n]!r}" if k > n else ""),
+        "when index_queue.get() returns None, return from the function right away.")), (still_running, (
+        f"your loop answered every task but was still running {STUCK_AFTER:g} s after the sentinel None",
+        "None means 'no more work': return (or break out of the loop) when you read it.")))
+    if fails:
+        checks.fail(case, *fails)
 
 
 def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
@@ -243,11 +239,9 @@ def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: 
             q.put(None)
         for w in workers:
             w.join(timeout=10)
-        stuck = [w.name for w in workers if w.is_alive()]
-        if stuck:
-            raise RuntimeError(f"{', '.join(stuck)} did not exit within 10 s of its sentinel")
-        if any(w.exitcode for w in workers):
-            raise RuntimeError(f"the workers exited with codes {[w.exitcode for w in workers]}, not 0")
+        if any(w.exitcode != 0 for w in workers):
+            raise RuntimeError(f"10 s after their sentinels the workers' exit codes are {[w.exitcode for w in workers]}"
+                               " (None: still running), not 0")
         return answers
     finally:
         for w in (w for w in workers if w.is_alive()):

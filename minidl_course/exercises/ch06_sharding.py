@@ -9,6 +9,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -28,19 +29,17 @@ def range_stream(start: int, end: int):
     return RangeStream(start, end)
 
 
-class SeenInfo:
+class SeenInfo(SimpleNamespace):
     """A stand-in for the WorkerInfo a worker sees, noting in ``read`` which of its attributes were read."""
 
     def __init__(self, id: int, num_workers: int, seed: int, dataset: Any, rng: Any = None) -> None:  # noqa: A002
-        self._fields = {"id": id, "num_workers": num_workers, "seed": seed, "dataset": dataset, "rng": rng,
-                        "worker_method": "multiprocessing"}
-        self.read: list[str] = []
+        super().__init__(id=id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng, read=[],
+                         worker_method="multiprocessing")
 
-    def __getattr__(self, name: str) -> Any:
-        if name not in self.__dict__["_fields"]:
-            raise AttributeError(name)
-        self.read.append(name)
-        return self._fields[name]
+    def __getattribute__(self, name: str) -> Any:
+        if name not in ("read", "__dict__", "__class__"):
+            super().__getattribute__("read").append(name)
+        return super().__getattribute__(name)
 
 
 @contextmanager
@@ -58,10 +57,9 @@ def as_worker(info: Any) -> Iterator[None]:
         _InProcess.seed(info.seed - info.id, info.id)  # from the base seed, as torch does
         yield
     finally:
-        torch_worker._worker_info = saved[0]
-        random.setstate(saved[1])
-        np.random.set_state(saved[2])
-        torch.set_rng_state(saved[3])
+        torch_worker._worker_info, *states = saved
+        for restore, state in zip((random.setstate, np.random.set_state, torch.set_rng_state), states):
+            restore(state)
         torch.set_num_threads(threads)
 
 
