@@ -50,16 +50,14 @@ def _cases() -> Iterator[tuple[str, Any, Callable, list[Task], float]]:
     rng = random.Random(0)
     for seed in range(30):
         n = rng.randint(1, 20)
-        case = f"RangeDataset({n}), default_collate", toy.RangeDataset(n), collate
-        if seed % 3 == 1:
-            bad = rng.randrange(n)
-            case = f"FailingDataset({n}, bad_index={bad}), default_collate", toy.FailingDataset(n, bad), collate
-        elif seed % 3 == 2:
-            case = (f"make_token_samples({n}, seed={seed}), a padding collate", make_token_samples(n, seed=seed),
-                    expected_collate)
+        bad = rng.randrange(n) if seed % 3 == 1 else None
+        made = [(f"RangeDataset({n}), default_collate", toy.RangeDataset(n), collate),
+                (f"FailingDataset({n}, bad_index={bad}), default_collate", toy.FailingDataset(n, bad), collate),
+                (f"make_token_samples({n}, seed={seed}), a padding collate", make_token_samples(n, seed=seed),
+                 expected_collate)][seed % 3]
         labels = rng.sample(range(100), rng.randint(0, 6))  # task numbers: unique, in no particular order
         # now and then an index one past the end: that task's answer is an IndexError
-        yield *case, [(label, [rng.randrange(n + (rng.random() < 0.1)) for _ in range(rng.randint(1, 4))])
+        yield *made, [(label, [rng.randrange(n + (rng.random() < 0.1)) for _ in range(rng.randint(1, 4))])
                       for label in labels], 0
     yield (f"{ten}, the main process busy for {BUSY_MAIN:g} s after the first task", r10, collate,
            [(0, [0, 1]), (1, [2, 3])], BUSY_MAIN)
@@ -182,20 +180,19 @@ def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
                         else f"the batch is collate_fn([dataset[i] for i in {tasks[k][1]}]).")
         return
     exc, wrapped = want_batch.exc_type.__name__, getattr(got_batch, "exc_type", None)
-    if not isinstance(got_batch, ExceptionWrapper):
-        checks.fail(case, f"{where} (task {want_idx}, indices {tasks[k][1]}) should be an ExceptionWrapper holding "
-                    f"the {exc} raised by the fetch or collate, but it is {_short(got_batch)}",
-                    "put an ExceptionWrapper, not the exception itself: the wrapper carries the worker's traceback as "
-                    "text (a traceback can't be pickled), so the main process can show it."
-                    if isinstance(got_batch, BaseException) else "wrap the error, inside the except block: "
-                    "ExceptionWrapper(where='in a worker') records the exception's type and traceback as text, "
-                    "which travel between processes.")
-    if wrapped is None:
-        checks.fail(case, f"{where} (task {want_idx}) is an ExceptionWrapper that holds no exception", "make the "
-                    "ExceptionWrapper inside the except block: it reads the exception being handled (sys.exc_info()), "
-                    "and after the block there is none.")
-    if wrapped is not want_batch.exc_type:
-        checks.fail(case, f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a {wrapped.__name__}")
+    fails = first_hint(None, (not isinstance(got_batch, ExceptionWrapper), (
+        f"{where} (task {want_idx}, indices {tasks[k][1]}) should be an ExceptionWrapper holding the {exc} raised by "
+        f"the fetch or collate, but it is {_short(got_batch)}", "put an ExceptionWrapper, not the exception itself: "
+        "the wrapper carries the worker's traceback as text (a traceback can't be pickled), so the main process can "
+        "show it." if isinstance(got_batch, BaseException) else "wrap the error, inside the except block: "
+        "ExceptionWrapper(where='in a worker') records the exception's type and traceback as text, which travel "
+        "between processes.")), (
+        wrapped is None, (f"{where} (task {want_idx}) is an ExceptionWrapper that holds no exception", "make the "
+        "ExceptionWrapper inside the except block: it reads the exception being handled (sys.exc_info()), and after "
+        "the block there is none.")), (wrapped is not want_batch.exc_type, (
+        f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a {getattr(wrapped, '__name__', wrapped)}", "")))
+    if fails:
+        checks.fail(case, *fails)
 
 
 def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, collate_fn) -> None:
