@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from minidl.dataloader import DataLoader
-from minidl_course.exercises._common import _Checks, _short, _torch, _type_name, first_hint, yours
+from minidl_course.exercises._common import _Checks, _short, _torch, _type_name, first_hint
 
 DELEGATED = ("your prefetcher hands the work to {0}: write the hold-one-back loop yourself; that is what this "
              "exercise practises.")
@@ -107,26 +107,23 @@ def _check_case(prefetcher, library, checks: _Checks, description, batches, mean
                         "or a for loop over the loader.")
 
     def run() -> None:
-        with yours("prefetcher", case, stop_iteration):
-            for k, item in enumerate(prefetcher(loader, mean, std)):
-                log.append(f"yield {k}")
-                fetched, order = loader.fetched, f"(order so far: {', '.join(log)})"
-                got.append(item)
-                if k + 1 < n and fetched < k + 2:
-                    checks.fail(case, f"when you handed out batch {k}, batch {k + 1} had not been fetched yet {order}",
-                                "take the next batch from the loader (and normalise it) before you yield the current "
-                                "one; that is what prefetching means.")
-                if k + 1 < n and f"normalise {k + 1}" not in log and not late:
-                    late.append(f"when you handed out batch {k}, batch {k + 1} was fetched but not yet normalised "
-                                f"{order}")
-                if fetched > k + 2:
-                    checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched} batches "
-                                f"{order}", "stay one batch ahead, no more: every batch held costs memory (GPU memory, "
-                                "on a GPU).")
-                if k >= n:
-                    break
+        for k, item in enumerate(prefetcher(loader, mean, std)):
+            log.append(f"yield {k}")
+            fetched, order = loader.fetched, f"(order so far: {', '.join(log)})"
+            got.append(item)
+            if k + 1 < n and fetched < k + 2:
+                checks.fail(case, f"when you handed out batch {k}, batch {k + 1} had not been fetched yet {order}",
+                            "take the next batch from the loader (and normalise it) before you yield the current one; "
+                            "that is what prefetching means.")
+            if k + 1 < n and f"normalise {k + 1}" not in log and not late:
+                late.append(f"when you handed out batch {k}, batch {k + 1} was fetched but not yet normalised {order}")
+            if fetched > k + 2:
+                checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched} batches {order}",
+                            "stay one batch ahead, no more: every batch held costs memory (GPU memory, on a GPU).")
+            if k >= n:
+                break
 
-    checks.watched(library, case, "your prefetcher used {0}", DELEGATED, run)
+    checks.watched(library, case, "your prefetcher used {0}", DELEGATED, run, what="prefetcher", explain=stop_iteration)
     if loader.passes != 1:
         checks.fail(case, f"you iterated the loader {loader.passes} times for one pass over the data", "loop over the "
                     "loader once: a DataLoader starts a new epoch (and new workers) on each iter().")
