@@ -181,10 +181,9 @@ def _compare(got, batches, mean, std, case, checks: _Checks) -> None:
             checks.fail(case, f"batch {k}'s images should have shape {tuple(want_x.shape)}, but they have "
                         f"{tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W).")
         if not (isinstance(y, torch.Tensor) and torch.equal(y, want_y)):
-            moved = next((j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)),
-                         None)
-            if moved is not None:
-                checks.fail(case, f"the batch you handed out in place {k} is the loader's batch {moved}", "hand the "
+            moved = [j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)]
+            if moved:
+                checks.fail(case, f"the batch you handed out in place {k} is the loader's batch {moved[0]}", "hand the "
                             "batches out in the loader's order: yield the batch you held, then hold the new one.")
             checks.fail(case, f"batch {k}'s targets should be {want_y.tolist()}, but they are {_short(y)}",
                         "pass the targets through untouched.")
