@@ -68,10 +68,9 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     on many seeded task lists in a thread (where a hang or a crash can be seen and explained), then in two
     worker processes started with ``start_method`` (this platform's default if None)."""
     checks = _Checks(worker_loop)
-    checks.refuse_cell_function(worker_loop, "a worker process can't import a function defined in a notebook cell",
-                                "workers started with spawn or forkserver import the function they run, by module "
-                                "and name; write it into a module file (the %%writefile cell) and import it from "
-                                "there.")
+    checks.refuse_cell_function(worker_loop, "a worker process can't import a function defined in a notebook cell", (
+        "workers started with spawn or forkserver import the function they run, by module and name; write it into a "
+        "module file (the %%writefile cell) and import it from there."))
     for case in _cases():
         _check_in_thread(worker_loop, checks, *case)
         checks.passed += 1

@@ -41,8 +41,7 @@ DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: de
              "give the dataset a generator of its own; that is what this exercise practises.")
 
 
-def _as_worker_of(worker_init_fn, worker_id: int, num_workers: int, seed: int, case: str,
-                  checks: _Checks) -> tuple[list[float], SeenInfo, bool]:
+def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) -> tuple[list[float], SeenInfo, bool]:
     """Call ``worker_init_fn`` as worker ``worker_id`` whose seed is ``seed``: its dataset's draws, what it read, and
     whether it moved NumPy's global stream."""
     from minidl_course import toy
