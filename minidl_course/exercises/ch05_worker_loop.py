@@ -140,21 +140,25 @@ def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate
     for i, (want, got) in enumerate(zip(expected, results)):
         _compare(i, want, got, tasks, dataset, case, checks)
     returned = f"your loop returned after {k} of {n} answers"
-    fails = first_hint(None, (k < n and still_running, (
-        f"after {k} of {n} answers your loop stopped answering (it was still running {STUCK_AFTER:g} s later)",
-        "read a task, answer it, read the next: one put per task, each as soon as it's done.")), (k < n and pause, (
-        f"{returned}, while the index queue stayed empty for {pause:g} s", "an empty queue is not the end: a busy main "
-        "process (a long training step) sends the next task late. Wait with index_queue.get() (with a timeout, go on "
-        "waiting after queue.Empty); only None ends the loop.")), (k < n, (
-        returned, "keep reading tasks until you read None; only the sentinel ends the loop.")), (
-        k == n + 1 and results[-1] is None and unread == 1, ("your loop put None on result_queue after its answers",
-        "put only answers on result_queue: the main process knows how many tasks it sent, and a None there is not a "
-        "(task_idx, batch) pair. At the sentinel, just return.")), (unread == 0 or k > n, (
-        "your loop read past the sentinel: it took the task put after None"
-        + (f" and answered it with {results[n]!r}" if k > n else ""),
-        "when index_queue.get() returns None, return from the function right away.")), (still_running, (
-        f"your loop answered every task but was still running {STUCK_AFTER:g} s after the sentinel None",
-        "None means 'no more work': return (or break out of the loop) when you read it.")))
+    fails = first_hint(  # the first (condition, (problem, hint)) that holds
+        None,
+        (k < n and still_running, (f"after {k} of {n} answers your loop stopped answering (it was still running "
+                                   f"{STUCK_AFTER:g} s later)", "read a task, answer it, read the next: one put per "
+                                   "task, each as soon as it's done.")),
+        (k < n and pause, (f"{returned}, while the index queue stayed empty for {pause:g} s", "an empty queue is not "
+                           "the end: a busy main process (a long training step) sends the next task late. Wait with "
+                           "index_queue.get() (with a timeout, go on waiting after queue.Empty); only None ends the "
+                           "loop.")),
+        (k < n, (returned, "keep reading tasks until you read None; only the sentinel ends the loop.")),
+        (k == n + 1 and results[-1] is None and unread == 1, (
+            "your loop put None on result_queue after its answers", "put only answers on result_queue: the main "
+            "process knows how many tasks it sent, and a None there is not a (task_idx, batch) pair. At the sentinel, "
+            "just return.")),
+        (unread == 0 or k > n, ("your loop read past the sentinel: it took the task put after None"
+                                + (f" and answered it with {results[n]!r}" if k > n else ""),
+                                "when index_queue.get() returns None, return from the function right away.")),
+        (still_running, (f"your loop answered every task but was still running {STUCK_AFTER:g} s after the sentinel "
+                         "None", "None means 'no more work': return (or break out of the loop) when you read it.")))
     if fails:
         checks.fail(case, *fails)
 
