@@ -36,34 +36,31 @@ def expected_answers(dataset: Any, collate_fn: Callable, tasks: Sequence[Task]) 
     return answers
 
 
-def _worker_cases() -> Iterator[tuple[str, Any, Callable, list[Task]]]:
-    """(description, dataset, collate_fn, tasks): small readable cases first, then seeded random ones."""
-    ten = "RangeDataset(10), default_collate"
-    yield ten, toy.RangeDataset(10), default_collate, [(0, [0, 1, 2]), (1, [3, 4])]
-    yield f"{ten}, task numbers that don't start at 0", toy.RangeDataset(10), default_collate, [(7, [3, 4, 5]),
-                                                                                               (8, [9]), (3, [0])]
-    yield f"{ten}, no tasks at all", toy.RangeDataset(10), default_collate, []
+def _cases() -> Iterator[tuple[str, Any, Callable, list[Task], float]]:
+    """(description, dataset, collate_fn, tasks, seconds the main process is busy after the first task)."""
+    ten, r10, collate = "RangeDataset(10), default_collate", toy.RangeDataset(10), default_collate
+    yield ten, r10, collate, [(0, [0, 1, 2]), (1, [3, 4])], 0
+    yield f"{ten}, task numbers that don't start at 0", r10, collate, [(7, [3, 4, 5]), (8, [9]), (3, [0])], 0
+    yield f"{ten}, no tasks at all", r10, collate, [], 0
     yield ("FailingDataset(10, bad_index=5) (sample 5 raises KeyError), default_collate",
-           toy.FailingDataset(10, bad_index=5), default_collate, [(0, [4, 5]), (1, [6, 7]), (2, [8])])
-    yield (f"{ten}, index 10 is out of range (IndexError)", toy.RangeDataset(10), default_collate,
-           [(0, [8, 9]), (1, [10]), (2, [0])])
+           toy.FailingDataset(10, bad_index=5), collate, [(0, [4, 5]), (1, [6, 7]), (2, [8])], 0)
+    yield f"{ten}, index 10 is out of range (IndexError)", r10, collate, [(0, [8, 9]), (1, [10]), (2, [0])], 0
     yield ("make_token_samples(4, seed=1), a padding collate, an empty task (the collate raises)",
-           make_token_samples(4, seed=1), expected_collate, [(0, [0, 1]), (1, []), (2, [2, 3])])
+           make_token_samples(4, seed=1), expected_collate, [(0, [0, 1]), (1, []), (2, [2, 3])], 0)
     rng = random.Random(0)
     for seed in range(30):
         n = rng.randint(1, 20)
-        case = f"RangeDataset({n}), default_collate", toy.RangeDataset(n), default_collate
-        if seed % 3 == 1:
-            bad = rng.randrange(n)
-            case = f"FailingDataset({n}, bad_index={bad}), default_collate", toy.FailingDataset(n, bad), default_collate
-        elif seed % 3 == 2:
-            case = (f"make_token_samples({n}, seed={seed}), a padding collate", make_token_samples(n, seed=seed),
-                    expected_collate)
+        bad = rng.randrange(n) if seed % 3 == 1 else None
+        made = [(f"RangeDataset({n}), default_collate", toy.RangeDataset(n), collate),
+                (f"FailingDataset({n}, bad_index={bad}), default_collate", toy.FailingDataset(n, bad), collate),
+                (f"make_token_samples({n}, seed={seed}), a padding collate", make_token_samples(n, seed=seed),
+                 expected_collate)][seed % 3]
         labels = rng.sample(range(100), rng.randint(0, 6))  # task numbers: unique, in no particular order
-        # Now and then an index one past the end: that task's answer is an IndexError.
-        tasks = [(label, [rng.randrange(n + (rng.random() < 0.1)) for _ in range(rng.randint(1, 4))])
-                 for label in labels]
-        yield *case, tasks
+        # now and then an index one past the end: that task's answer is an IndexError
+        yield *made, [(label, [rng.randrange(n + (rng.random() < 0.1)) for _ in range(rng.randint(1, 4))])
+                      for label in labels], 0
+    yield (f"{ten}, the main process busy for {BUSY_MAIN:g} s after the first task", r10, collate,
+           [(0, [0, 1]), (1, [2, 3])], BUSY_MAIN)
 
 
 def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None = None) -> None:
@@ -71,35 +68,35 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     on many seeded task lists in a thread (where a hang or a crash can be seen and explained), then in two
     worker processes started with ``start_method`` (this platform's default if None)."""
     checks = _Checks(worker_loop)
-    checks.refuse_cell_function(worker_loop, "a worker process can't import a function defined in a notebook cell",
-                                "workers started with spawn or forkserver import the function they run, by module "
-                                "and name; write it into a module file (the %%writefile cell) and import it from "
-                                "there.")
-    cases = [(*case, 0.0) for case in _worker_cases()]
-    cases.append((f"RangeDataset(10), default_collate, the main process busy for {BUSY_MAIN:g} s after the first "
-                  "task", toy.RangeDataset(10), default_collate, [(0, [0, 1]), (1, [2, 3])], BUSY_MAIN))
-    for description, dataset, collate_fn, tasks, pause in cases:
-        _check_worker_case(worker_loop, description, dataset, collate_fn, tasks, checks, pause)
+    checks.refuse_cell_function(worker_loop, "a worker process can't import a function defined in a notebook cell", (
+        "workers started with spawn or forkserver import the function they run, by module and name; write it into a "
+        "module file (the %%writefile cell) and import it from there."))
+    for case in _cases():
+        _check_in_thread(worker_loop, checks, *case)
         checks.passed += 1
-    _check_worker_in_processes(worker_loop, start_method, checks)
+    dataset, tasks = toy.FailingDataset(24, bad_index=13), [(k, [2 * k, 2 * k + 1]) for k in range(12)]
+    case = (f"two worker processes ({start_method or multiprocessing.get_start_method()}), FailingDataset(24, "
+            "bad_index=13), default_collate, tasks (k, [2k, 2k + 1]) for k in 0..11 dealt round-robin")
+    try:
+        got = run_worker_processes(worker_loop, dataset, tasks, default_collate, start_method=start_method)
+    except (TypeError, AttributeError, pickle.PicklingError) as e:  # what pickling a function can raise
+        checks.fail(case, f"the worker processes could not be given your function: {type(e).__name__}: {e}",
+                    "write it into a module file and import it from there, so a fresh process can import it.")
+    except RuntimeError as e:
+        checks.fail(case, str(e).splitlines()[0], "return from the function when you read None; nothing else.")
+    for k, (idx, want) in enumerate(expected_answers(dataset, default_collate, tasks)):
+        _compare(k, (idx, want), (idx, got.get(idx)), tasks, dataset, case, checks)
     checks.passed += 1
     checks.done()
 
 
-class _Poison:
-    """Put on an index queue to stop a loop that ignored its sentinel: unpacking it raises."""
-
-    def __iter__(self):
-        raise TypeError("the checker is stopping a worker loop that did not leave at its sentinel")
-
-
-def _run_worker_in_thread(worker_loop, dataset, collate_fn, tasks, pause: float = 0.0):
-    """Run ``worker_loop`` on ``tasks`` + sentinel + one extra task (the first task alone for ``pause`` seconds,
-    if given); return what it put, what it raised, whether it still runs, and how many items it left unread."""
+def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate_fn, tasks, pause: float) -> None:
+    """Run ``worker_loop`` in a thread on ``tasks``, the sentinel and one task more (the first task alone for
+    ``pause`` seconds), and judge what it put, what it raised, and whether it stopped at the sentinel."""
+    case = f"{description}, {f'tasks {list(tasks)}, then None' if tasks else 'only the sentinel None'}"
     index_queue, result_queue, raised = queue.Queue(), queue.Queue(), []
     items = [*tasks, None, (999, [0])]  # after the sentinel, a task: a loop that reads it has not stopped
-    ready = 1 if pause else len(items)
-    for item in items[:ready]:
+    for item in items[:1 if pause else len(items)]:
         index_queue.put(item)
 
     def run():
@@ -108,77 +105,66 @@ def _run_worker_in_thread(worker_loop, dataset, collate_fn, tasks, pause: float 
         except BaseException as e:  # noqa: B036 -- anything the learner's loop raises is reported
             raised.append(e)
 
-    thread = threading.Thread(target=run, name="ch05_worker_loop", daemon=True)
-    thread.start()
-    if pause:
-        time.sleep(pause)
-        for item in items[ready:]:
-            index_queue.put(item)
-    thread.join(timeout=STUCK_AFTER)
-    still_running = thread.is_alive()
-    unread = index_queue.qsize()  # 1 if the task after the sentinel is still there, as it should be
-    if still_running:
-        for _ in range(3):  # so the thread doesn't wait on the queue forever
-            index_queue.put(_Poison())
+    def run_in_thread() -> tuple[threading.Thread, int]:
+        thread = threading.Thread(target=run, name="ch05_worker_loop", daemon=True)
+        thread.start()
+        if pause:
+            time.sleep(pause)
+            for item in items[1:]:
+                index_queue.put(item)
+        thread.join(timeout=STUCK_AFTER)
+        return thread, index_queue.qsize()  # unread: 1, the task after the sentinel, as it should be
+
+    thread, unread = checks.watched({"minidl.worker._worker_loop": (_worker_loop,), "torch's _worker_loop": (
+        _torch().utils.data._utils.worker._worker_loop,)}, case, "your loop called {0}", DELEGATED, run_in_thread)
+    if still_running := thread.is_alive():
+        for _ in range(3):  # so the thread doesn't wait on the queue forever: unpacking an int raises
+            index_queue.put(0)
         thread.join(timeout=1.0)
-        raised.clear()  # what the poison made it raise is the checker's doing, not a finding
+        raised.clear()  # what the 0 made it raise is the checker's doing, not a finding
     results = [result_queue.get_nowait() for _ in range(result_queue.qsize())]
-    return results, (raised[0] if raised else None), still_running, unread
-
-
-def _check_worker_case(worker_loop, description, dataset, collate_fn, tasks, checks: _Checks, pause: float) -> None:
-    case = f"{description}, {f'tasks {list(tasks)}, then None' if tasks else 'only the sentinel None'}"
     expected = expected_answers(dataset, collate_fn, tasks)
-    results, raised, still_running, unread = checks.watched(
-        {"minidl.worker._worker_loop": (_worker_loop,),
-         "torch's _worker_loop": (_torch().utils.data._utils.worker._worker_loop,)},
-        case, "your loop called {0}", DELEGATED, _run_worker_in_thread, worker_loop, dataset, collate_fn, tasks, pause)
     n, k = len(expected), len(results)
-    if raised is not None:
-        _explain_crash(raised, results, expected, tasks, case, checks)
+    if raised:
+        what = f"{type(raised[0]).__name__}: {raised[0]}"
+        if isinstance(raised[0], TypeError) and "NoneType" in str(raised[0]) and k == n:
+            checks.fail(case, f"your loop answered every task, then raised {what}", "the None after the last task "
+                        "is the sentinel: check `if task is None` before unpacking, and return.")
+        if k < n and isinstance(expected[k][1], ExceptionWrapper):
+            checks.fail(case, f"your loop died with {what} on task {tasks[k][0]} (indices {tasks[k][1]}), whose "
+                        f"fetch or collate raises {expected[k][1].exc_type.__name__}", "a worker must survive a bad "
+                        "sample: wrap fetch + collate in try/except Exception, and put (task_idx, "
+                        "ExceptionWrapper(where='in a worker')) for the main process to raise.")
+        with yours(f"worker loop after {k} answers", case):
+            raise raised[0]
     for i, (want, got) in enumerate(zip(expected, results)):
-        _compare_result(i, want, got, tasks, dataset, case, checks)
-    if k < n:
-        checks.fail(case, *first_hint(
-            (f"your loop returned after {k} of {n} answers",
-             "keep reading tasks until you read None; only the sentinel ends the loop."),
-            (still_running, (f"after {k} of {n} answers your loop stopped answering (it was still running "
-                             f"{STUCK_AFTER:g} s later)", "read a task, answer it, read the next: one put per task, "
-                             "each as soon as it's done.")),
-            (pause, (f"your loop returned after {k} of {n} answers, while the index queue stayed empty for "
-                     f"{pause:g} s", "an empty queue is not the end: a busy main process (a long training step) "
-                     "sends the next task late. Wait with index_queue.get() (with a timeout, go on waiting after "
-                     "queue.Empty); only None ends the loop."))))
-    if k == n + 1 and results[-1] is None and unread == 1:
-        checks.fail(case, "your loop put None on result_queue after its answers",
-                    "put only answers on result_queue: the main process knows how many tasks it sent, and a None "
-                    "there is not a (task_idx, batch) pair. At the sentinel, just return.")
-    if unread == 0 or k > n:
-        checks.fail(case, "your loop read past the sentinel: it took the task put after None"
-                    + (f" and answered it with {results[n]!r}" if k > n else ""),
-                    "when index_queue.get() returns None, return from the function right away.")
-    if still_running:
-        checks.fail(case, f"your loop answered every task but was still running {STUCK_AFTER:g} s after the "
-                          "sentinel None",
-                    "None means 'no more work': return (or break out of the loop) when you read it.")
+        _compare(i, want, got, tasks, dataset, case, checks)
+    returned = f"your loop returned after {k} of {n} answers"
+    fails = first_hint(  # the first (condition, (problem, hint)) that holds
+        None,
+        (k < n and still_running, (f"after {k} of {n} answers your loop stopped answering (it was still running "
+                                   f"{STUCK_AFTER:g} s later)", "read a task, answer it, read the next: one put per "
+                                   "task, each as soon as it's done.")),
+        (k < n and pause, (f"{returned}, while the index queue stayed empty for {pause:g} s", "an empty queue is not "
+                           "the end: a busy main process (a long training step) sends the next task late. Wait with "
+                           "index_queue.get() (with a timeout, go on waiting after queue.Empty); only None ends the "
+                           "loop.")),
+        (k < n, (returned, "keep reading tasks until you read None; only the sentinel ends the loop.")),
+        (k == n + 1 and results[-1] is None and unread == 1, (
+            "your loop put None on result_queue after its answers", "put only answers on result_queue: the main "
+            "process knows how many tasks it sent, and a None there is not a (task_idx, batch) pair. At the sentinel, "
+            "just return.")),
+        (unread == 0 or k > n, ("your loop read past the sentinel: it took the task put after None"
+                                + (f" and answered it with {results[n]!r}" if k > n else ""),
+                                "when index_queue.get() returns None, return from the function right away.")),
+        (still_running, (f"your loop answered every task but was still running {STUCK_AFTER:g} s after the sentinel "
+                         "None", "None means 'no more work': return (or break out of the loop) when you read it.")))
+    if fails:
+        checks.fail(case, *fails)
 
 
-def _explain_crash(raised: BaseException, results, expected, tasks, case, checks: _Checks) -> None:
-    what, k = f"{type(raised).__name__}: {raised}", len(results)
-    if isinstance(raised, TypeError) and "NoneType" in str(raised) and k == len(expected):
-        checks.fail(case, f"your loop answered every task, then raised {what}",
-                    "the None after the last task is the sentinel: check `if task is None` before unpacking, "
-                    "and return.")
-    if k < len(expected) and isinstance(expected[k][1], ExceptionWrapper):
-        checks.fail(case, f"your loop died with {what} on task {tasks[k][0]} (indices {tasks[k][1]}), whose fetch "
-                          f"or collate raises {expected[k][1].exc_type.__name__}",
-                    "a worker must survive a bad sample: wrap fetch + collate in try/except Exception, and put "
-                    "(task_idx, ExceptionWrapper(where='in a worker')) for the main process to raise.")
-    with yours(f"worker loop after {k} answers", case):
-        raise raised
-
-
-def _compare_result(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
+def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
+    """Answer ``k`` of the learner's loop against the spec's ``want``."""
     (want_idx, want_batch), where = want, f"answer {k}"
     if not isinstance(got, tuple | list) or len(got) != 2:
         checks.fail(case, f"{where} should be the pair {(want_idx, '<batch>')}, but it is {_short(got)}",
@@ -189,34 +175,27 @@ def _compare_result(k, want, got, tasks, dataset, case, checks: _Checks) -> None
         checks.fail(case, f"{where} should be for task {want_idx}, but it says task {got_idx!r}",
                     "send back the task_idx you received with the task, not your own count of tasks." if got_idx == k
                     else "send back the task_idx that came with the task: the main process reorders by it.")
-    if isinstance(want_batch, ExceptionWrapper):
-        exc = want_batch.exc_type.__name__
-        if not isinstance(got_batch, ExceptionWrapper):
-            checks.fail(case, f"{where} (task {want_idx}, indices {tasks[k][1]}) should be an ExceptionWrapper "
-                              f"holding the {exc} raised by the fetch or collate, but it is {_short(got_batch)}",
-                        "put an ExceptionWrapper, not the exception itself: the wrapper carries the worker's "
-                        "traceback as text (a traceback can't be pickled), so the main process can show it."
-                        if isinstance(got_batch, BaseException) else "wrap the error, inside the except block: "
-                        "ExceptionWrapper(where='in a worker') records the exception's type and traceback as text, "
-                        "which travel between processes.")
-        if got_batch.exc_type is None:
-            checks.fail(case, f"{where} (task {want_idx}) is an ExceptionWrapper that holds no exception",
-                        "make the ExceptionWrapper inside the except block: it reads the exception being handled "
-                        "(sys.exc_info()), and after the block there is none.")
-        if got_batch.exc_type is not want_batch.exc_type:
-            checks.fail(case, f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a "
-                              f"{got_batch.exc_type.__name__}")
+    if not isinstance(want_batch, ExceptionWrapper):
+        problem = first_difference(want_batch, got_batch, where=f"the batch of task {want_idx}")
+        if problem:
+            checks.fail(case, problem, "you put the list of samples: pass it through collate_fn first."
+                        if first_difference([dataset[i] for i in tasks[k][1]], got_batch) is None
+                        else f"the batch is collate_fn([dataset[i] for i in {tasks[k][1]}]).")
         return
-    problem = first_difference(want_batch, got_batch, where=f"the batch of task {want_idx}")
-    if problem:
-        samples = [dataset[i] for i in tasks[k][1]]
-        checks.fail(case, problem, "you put the list of samples: pass it through collate_fn first."
-                    if first_difference(samples, got_batch) is None
-                    else f"the batch is collate_fn([dataset[i] for i in {tasks[k][1]}]).")
-
-
-class _Crashed(ExceptionWrapper):
-    """What ``_guarded_worker`` sends back when the worker loop itself raised."""
+    exc, wrapped = want_batch.exc_type.__name__, getattr(got_batch, "exc_type", None)
+    fails = first_hint(None, (not isinstance(got_batch, ExceptionWrapper), (
+        f"{where} (task {want_idx}, indices {tasks[k][1]}) should be an ExceptionWrapper holding the {exc} raised by "
+        f"the fetch or collate, but it is {_short(got_batch)}", "put an ExceptionWrapper, not the exception itself: "
+        "the wrapper carries the worker's traceback as text (a traceback can't be pickled), so the main process can "
+        "show it." if isinstance(got_batch, BaseException) else "wrap the error, inside the except block: "
+        "ExceptionWrapper(where='in a worker') records the exception's type and traceback as text, which travel "
+        "between processes.")), (
+        wrapped is None, (f"{where} (task {want_idx}) is an ExceptionWrapper that holds no exception", "make the "
+        "ExceptionWrapper inside the except block: it reads the exception being handled (sys.exc_info()), and after "
+        "the block there is none.")), (wrapped is not want_batch.exc_type, (
+        f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a {getattr(wrapped, '__name__', wrapped)}", "")))
+    if fails:
+        checks.fail(case, *fails)
 
 
 def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, collate_fn) -> None:
@@ -224,18 +203,15 @@ def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, 
     try:
         worker_loop(dataset, index_queue, result_queue, collate_fn)
     except BaseException:  # noqa: B036 -- reported to the main process, which raises it
-        result_queue.put(_Crashed(where=f"in worker process {worker_id}"))
+        result_queue.put(ExceptionWrapper(where=f"in worker process {worker_id}"))
 
 
 def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: Sequence[Task],
                          collate_fn: Callable = default_collate, num_workers: int = 2,
                          start_method: str | None = None, timeout: float = 60.0) -> dict[int, Any]:
-    """Run ``worker_loop`` in ``num_workers`` processes; deal out ``tasks`` round-robin; return ``{task_idx: batch}``.
-
-    The main process's side of notebook 05's picture, in small: one index queue per worker, one shared result
-    queue, a ``None`` sentinel per worker once every answer is in. An error raised by the worker loop itself (not
-    by a sample) is raised here, with the worker's traceback. ``start_method`` None is this platform's default.
-    """
+    """Notebook 05's main process, in small: deal ``tasks`` round-robin to ``num_workers`` processes running
+    ``worker_loop``, a ``None`` per worker once every answer is in; return ``{task_idx: batch}``. An error raised by
+    the loop itself (not by a sample) is raised here. ``start_method`` None is this platform's default."""
     ctx = multiprocessing.get_context(start_method)
     index_queues, result_queue = [ctx.Queue() for _ in range(num_workers)], ctx.Queue()
     workers = [ctx.Process(target=_guarded_worker, args=(worker_loop, i, dataset, q, result_queue, collate_fn),
@@ -256,19 +232,16 @@ def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: 
                     why = f"{dead[0].name} exited with code {dead[0].exitcode}" if dead else f"none for {timeout:g} s"
                     raise RuntimeError(f"{len(answers)} of {len(tasks)} answers arrived: {why}") from None
                 continue
-            if isinstance(answer, _Crashed):
+            if isinstance(answer, ExceptionWrapper):  # not an answer: the loop itself raised
                 answer.reraise()
-            task_idx, batch = answer
-            answers[task_idx] = batch
+            answers[answer[0]] = answer[1]
         for q in index_queues:  # only now: a tensor in shared memory must be received before its worker exits
             q.put(None)
         for w in workers:
             w.join(timeout=10)
-        stuck = [w.name for w in workers if w.is_alive()]
-        if stuck:
-            raise RuntimeError(f"{', '.join(stuck)} did not exit within 10 s of its sentinel")
-        if any(w.exitcode for w in workers):
-            raise RuntimeError(f"the workers exited with codes {[w.exitcode for w in workers]}, not 0")
+        if any(w.exitcode != 0 for w in workers):
+            raise RuntimeError(f"10 s after their sentinels the workers' exit codes are {[w.exitcode for w in workers]}"
+                               " (None: still running), not 0")
         return answers
     finally:
         for w in (w for w in workers if w.is_alive()):
@@ -277,18 +250,3 @@ def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: 
         for q in [*index_queues, result_queue]:
             q.cancel_join_thread()
             q.close()
-
-
-def _check_worker_in_processes(worker_loop, start_method: str | None, checks: _Checks) -> None:
-    dataset, tasks = toy.FailingDataset(24, bad_index=13), [(k, [2 * k, 2 * k + 1]) for k in range(12)]
-    case = (f"two worker processes ({start_method or multiprocessing.get_start_method()}), FailingDataset(24, "
-            "bad_index=13), default_collate, tasks (k, [2k, 2k + 1]) for k in 0..11 dealt round-robin")
-    try:
-        got = run_worker_processes(worker_loop, dataset, tasks, default_collate, start_method=start_method)
-    except (TypeError, AttributeError, pickle.PicklingError) as e:  # what pickling a function can raise
-        checks.fail(case, f"the worker processes could not be given your function: {type(e).__name__}: {e}",
-                    "write it into a module file and import it from there, so a fresh process can import it.")
-    except RuntimeError as e:
-        checks.fail(case, str(e).splitlines()[0], "return from the function when you read None; nothing else.")
-    for k, (idx, want) in enumerate(expected_answers(dataset, default_collate, tasks)):
-        _compare_result(k, (idx, want), (idx, got.get(idx)), tasks, dataset, case, checks)

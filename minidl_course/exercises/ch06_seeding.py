@@ -1,13 +1,9 @@
-"""Checker for ch06_seeding: workers that all draw the same random numbers, and the fix (notebook 06).
-
-The learner's ``worker_init_fn`` reseeds each worker's copy of ``AugmentedDataset``; the checker calls it as
-workers of two epochs would, then in minidl's and torch's DataLoaders, and looks for draws that repeat.
-"""
+"""Checker for ch06_seeding (notebook 06): a ``worker_init_fn`` that reseeds each worker's copy of
+``AugmentedDataset``, called as workers of two epochs would, then in both DataLoaders, looking for repeated draws."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -45,22 +41,13 @@ DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: de
              "give the dataset a generator of its own; that is what this exercise practises.")
 
 
-def _draws(dataset: Any, k: int = 4) -> list[float]:
-    rng = dataset.rng
-    if isinstance(rng, np.random.Generator | np.random.RandomState):
-        return [float(x) for x in (rng.random(k) if isinstance(rng, np.random.Generator) else rng.random_sample(k))]
-    return [float(dataset[0][1]) for _ in range(k)]
-
-
-def _as_worker_of(worker_init_fn, worker_id: int, num_workers: int, seed: int, case: str,
-                  checks: _Checks) -> tuple[list[float], SeenInfo, bool]:
-    """Call ``worker_init_fn`` as worker ``worker_id`` whose seed is ``seed``; return its dataset's draws, what it
-    read, and whether it moved NumPy's global stream."""
+def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) -> tuple[list[float], SeenInfo, bool]:
+    """Call ``worker_init_fn`` as worker ``worker_id`` whose seed is ``seed``: its dataset's draws, what it read, and
+    whether it moved NumPy's global stream."""
     from minidl_course import toy
 
     dataset = AugmentedDataset(8)
-    info = SeenInfo(worker_id, num_workers, seed, dataset)
-    info._fields["rng"] = object()  # reading info.rng is noted: it is the loader's own fix
+    info = SeenInfo(worker_id, num_workers, seed, dataset, rng=object())  # reading info.rng is noted: the loader's fix
     with as_worker(info):
         seeded = np.random.get_state()
         checks.watched({"called toy.seed_numpy_from_worker": (toy.seed_numpy_from_worker,)}, case,
@@ -68,37 +55,37 @@ def _as_worker_of(worker_init_fn, worker_id: int, num_workers: int, seed: int, c
                        "the dataset's own generator"), worker_init_fn, worker_id, what="worker_init_fn",
                        explain=none_info(checks, case))
         after = np.random.get_state()
-    touched_global = not (seeded[0] == after[0] and np.array_equal(seeded[1], after[1]) and seeded[2:] == after[2:])
     if "rng" in info.read:
         checks.fail(case, "your worker_init_fn read get_worker_info().rng", DELEGATED.format("used info.rng"))
-    return _draws(dataset), info, touched_global
+    return [dataset[0][1] for _ in range(4)], info, not (seeded[0] == after[0] and np.array_equal(seeded[1], after[1])
+                                       and seeded[2:] == after[2:])
 
 
 def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
     """Check ch06_seeding: after ``worker_init_fn`` workers draw different numbers, new each epoch, reproducibly."""
     checks = _Checks(worker_init_fn)
-    untouched = _draws(AugmentedDataset(8))  # what every worker draws without a fix
+    dataset = AugmentedDataset(8)
+    untouched = [dataset[0][1] for _ in range(4)]  # what every worker draws without a fix
     for base_seed, num_workers in ((1234, 2), (98765, 3), (2**40 + 7, 2)):
-        case = f"AugmentedDataset(8) in {num_workers} workers whose base seed is {base_seed}"
-        draws = []
+        case, draws = f"AugmentedDataset(8) in {num_workers} workers whose base seed is {base_seed}", []
         for worker_id in range(num_workers):
             seed = base_seed + worker_id  # what the loader gives worker k, as torch does
             where = f"{case}, worker {worker_id} (info.seed={seed})"
             got, info, touched_global = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)
             if got == untouched:
                 checks.fail(where, f"the dataset still draws {got[:2]}..., as it did before your worker_init_fn: "
-                                   "every worker would draw these same numbers", first_hint(
-                    "give the worker's dataset a new generator: dataset.rng = np.random.default_rng(a seed made from "
-                    "info.seed).",
-                    (touched_global, "you reseeded NumPy's global stream, but this dataset draws from its own "
-                     "generator, dataset.rng: reseed that one, get_worker_info().dataset.rng."),
-                    ("dataset" not in info.read, "reseed the worker's own copy, get_worker_info().dataset: a dataset "
-                     "from the notebook is not the one the worker draws from.")))
+                            "every worker would draw these same numbers", first_hint(
+                                "give the worker's dataset a new generator: dataset.rng = np.random.default_rng(a "
+                                "seed made from info.seed).",
+                                (touched_global, "you reseeded NumPy's global stream, but this dataset draws from its "
+                                 "own generator, dataset.rng: reseed that one, get_worker_info().dataset.rng."),
+                                ("dataset" not in info.read, "reseed the worker's own copy, get_worker_info().dataset: "
+                                 "a dataset from the notebook is not the one the worker draws from.")))
             again = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)[0]
             if again != got:
                 checks.fail(where, f"called twice with the same info.seed, your worker_init_fn gave draws {got[:2]}... "
-                                   f"and then {again[:2]}...",
-                            "seed from info.seed, not from the clock or the OS: then a run can be repeated exactly.")
+                            f"and then {again[:2]}...", "seed from info.seed, not from the clock or the OS: then a run "
+                            "can be repeated exactly.")
             draws.append(got)
             checks.passed += 1
         for k in (k for k in range(1, num_workers) if draws[k] == draws[0]):
@@ -114,8 +101,9 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
     for name, loader_cls in _loaders():
         case = f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=yours)"
         with in_loader(case, checks):
-            first, second = _epoch_draws(loader_cls, worker_init_fn, seed=7)
-            again = _epoch_draws(loader_cls, worker_init_fn, seed=7)
+            loaders = [loader_cls(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=worker_init_fn,
+                                  generator=_torch().Generator().manual_seed(7)) for _ in range(2)]  # two runs
+            (first, second), again = [[[float(x) for _, d in ld for x in d] for _ in range(2)] for ld in loaders]
         repeated = [x for x in set(first) if first.count(x) > 1]
         if repeated:
             checks.fail(case, f"the draw {repeated[0]:.6f} came {first.count(repeated[0])} times in one epoch",
@@ -128,9 +116,3 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
                         "seed from info.seed only, so that the loader's generator decides everything.")
         checks.passed += 1
     checks.done()
-
-
-def _epoch_draws(loader_cls, worker_init_fn, seed: int, epochs: int = 2) -> list[list[float]]:
-    loader = loader_cls(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=worker_init_fn,
-                        generator=_torch().Generator().manual_seed(seed))
-    return [[float(x) for _, draws in loader for x in draws] for _ in range(epochs)]

@@ -1,8 +1,5 @@
-"""Checker for ch06_sharding: a ``worker_init_fn`` that gives each worker its own part of a stream (notebook 06).
-
-Each worker streams its own copy of an IterableDataset; the learner's ``worker_init_fn`` narrows each copy's
-``start``/``end``. Called as a worker would, then in both DataLoaders, every sample must come exactly once.
-"""
+"""Checker for ch06_sharding: a ``worker_init_fn`` that narrows each worker's copy of a stream to its own part
+(notebook 06). Called as each worker would, then in both DataLoaders: every sample must come exactly once."""
 
 from __future__ import annotations
 
@@ -12,11 +9,17 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
 from minidl_course.exercises._common import _Checks, _loaders, yours
+
+DELEGATED = ("your worker_init_fn {0}: set this worker's start and end on get_worker_info().dataset yourself; that "
+             "is what this exercise practises.")
+NONE_INFO = ("call torch.utils.data.get_worker_info() (minidl's workers set it too); minidl.get_worker_info() "
+             "is set only by minidl's own workers, so under torch's DataLoader it returns None.")
 
 
 def range_stream(start: int, end: int):
@@ -26,20 +29,17 @@ def range_stream(start: int, end: int):
     return RangeStream(start, end)
 
 
-class SeenInfo:
-    """A stand-in for the WorkerInfo a worker sees, noting which of its attributes were read."""
+class SeenInfo(SimpleNamespace):
+    """A stand-in for the WorkerInfo a worker sees, noting in ``read`` which of its attributes were read."""
 
-    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any) -> None:  # noqa: A002 -- torch's name
-        self._fields = {"id": id, "num_workers": num_workers, "seed": seed, "dataset": dataset, "rng": None,
-                        "worker_method": "multiprocessing"}
-        self.read: list[str] = []
+    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any, rng: Any = None) -> None:  # noqa: A002
+        super().__init__(id=id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng, read=[],
+                         worker_method="multiprocessing")
 
-    def __getattr__(self, name: str) -> Any:
-        fields = self.__dict__["_fields"]
-        if name not in fields:
-            raise AttributeError(name)
-        self.__dict__["read"].append(name)
-        return fields[name]
+    def __getattribute__(self, name: str) -> Any:
+        if name not in ("read", "__dict__", "__class__"):
+            super().__getattribute__("read").append(name)
+        return super().__getattribute__(name)
 
 
 @contextmanager
@@ -57,10 +57,9 @@ def as_worker(info: Any) -> Iterator[None]:
         _InProcess.seed(info.seed - info.id, info.id)  # from the base seed, as torch does
         yield
     finally:
-        torch_worker._worker_info = saved[0]
-        random.setstate(saved[1])
-        np.random.set_state(saved[2])
-        torch.set_rng_state(saved[3])
+        torch_worker._worker_info, *states = saved
+        for restore, state in zip((random.setstate, np.random.set_state, torch.set_rng_state), states):
+            restore(state)
         torch.set_num_threads(threads)
 
 
@@ -71,23 +70,6 @@ def call_as_worker(worker_init_fn: Callable[[int], None], dataset: Any, worker_i
     with as_worker(SeenInfo(worker_id, num_workers, seed, dataset)):
         worker_init_fn(worker_id)
     return dataset
-
-
-def _sharding_cases() -> Iterator[tuple[int, int, int]]:
-    """(start, end, num_workers): small readable ones, then seeded random ones."""
-    # 10 items on 3 workers: shards of 4, 4 and 2 (the spec's; 3, 3, 4 is refused); one not starting at 0; more
-    # workers than items (one gets nothing); an empty stream
-    yield from ((0, 10, 1), (0, 10, 2), (0, 10, 3), (5, 12, 3), (0, 2, 3), (4, 4, 2))
-    rng = random.Random(0)
-    for _ in range(20):
-        start = rng.randint(0, 20)
-        yield start, start + rng.randint(0, 30), rng.randint(1, 6)
-
-
-DELEGATED = ("your worker_init_fn {0}: set this worker's start and end on get_worker_info().dataset yourself; that "
-             "is what this exercise practises.")
-NONE_INFO = ("call torch.utils.data.get_worker_info() (minidl's workers set it too); minidl.get_worker_info() "
-             "is set only by minidl's own workers, so under torch's DataLoader it returns None.")
 
 
 def none_info(checks: _Checks, case: str) -> Callable[[Exception], None]:
@@ -109,44 +91,41 @@ def in_loader(case: str, checks: _Checks) -> Iterator[None]:
 
 def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
     """Check ch06_sharding: ``worker_init_fn(worker_id)`` shards a ``RangeStream`` so each sample comes once."""
+    from torch.utils.data import graph_settings
+
     from minidl_course import toy
 
     checks = _Checks(worker_init_fn)
-    library = {"ran minidl's self-sharding toy.ShardedRange": (toy.ShardedRange,)}
-    try:
-        from torch.utils.data import graph_settings
-
-        library["called torch's apply_sharding"] = (graph_settings.apply_sharding,)
-    except ImportError:  # pragma: no cover -- older torch
-        pass
-    for start, end, num_workers in _sharding_cases():
+    library = {"ran minidl's self-sharding toy.ShardedRange": (toy.ShardedRange,),
+               "called torch's apply_sharding": (graph_settings.apply_sharding,)}
+    # 10 items on 3 workers: shards of 4, 4 and 2 (the spec's; 3, 3, 4 is refused); one not starting at 0; more
+    # workers than items (one gets nothing); an empty stream; then seeded random ones
+    rng = random.Random(0)
+    for start, end, num_workers in [(0, 10, 1), (0, 10, 2), (0, 10, 3), (5, 12, 3), (0, 2, 3), (4, 4, 2)] + [
+            (s := rng.randint(0, 20), s + rng.randint(0, 30), rng.randint(1, 6)) for _ in range(20)]:
         _check_shards(worker_init_fn, start, end, num_workers, library, checks)
         checks.passed += 1
-    method = multiprocessing.get_start_method()
-    if method != "fork":
+    if (method := multiprocessing.get_start_method()) != "fork":
         checks.refuse_cell_function(worker_init_fn, f"workers started with {method} can't import a function defined "
                                     "in a notebook cell", "write it into a module file and import it from there "
                                     "(exercise ch05_worker_loop shows how).")
-    for name, loader_cls in _loaders():
-        for num_workers in (1, 2, 3):
-            case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
-            with in_loader(case, checks):
-                loader = loader_cls(range_stream(3, 20), batch_size=2, num_workers=num_workers,
-                                    worker_init_fn=worker_init_fn)
-                got = [int(x) for batch in loader for x in batch]
-            counts = Counter(got)
-            twice = sorted(i for i, c in counts.items() if c > 1)
-            missing = [i for i in range(3, 20) if i not in counts]
-            if twice or missing or len(got) != 17:
-                first = (twice or missing)[0]
-                what = f"came {counts[first]} times" if twice else "never came"
-                checks.fail(case, f"sample {first} {what} (all: {sorted(got)})",
-                            "each of 3 .. 19 must come exactly once.")
-            checks.passed += 1
+    for (name, loader_cls), num_workers in ((loader, k) for loader in _loaders() for k in (1, 2, 3)):
+        case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
+        with in_loader(case, checks):
+            got = [int(x) for batch in loader_cls(range_stream(3, 20), batch_size=2, num_workers=num_workers,
+                                                  worker_init_fn=worker_init_fn) for x in batch]
+        counts = Counter(got)
+        wrong = sorted(i for i, c in counts.items() if c > 1) or [i for i in range(3, 20) if i not in counts]
+        if wrong or len(got) != 17:
+            what = f"came {counts[wrong[0]]} times" if counts[wrong[0]] else "never came"
+            checks.fail(case, f"sample {wrong[0]} {what} (all: {sorted(got)})",
+                        "each of 3 .. 19 must come exactly once.")
+        checks.passed += 1
     checks.done()
 
 
 def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, library, checks: _Checks) -> None:
+    """``worker_init_fn`` called as each of ``num_workers`` workers of ``RangeStream(start, end)``: the spec's split."""
     from minidl_course import toy
     from minidl_course.exercises.ch06_streams import RangeStream
 
@@ -162,14 +141,13 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, librar
                         DELEGATED.format("swapped in minidl's own self-sharding dataset"))
         if type(dataset) is not RangeStream or "__iter__" in vars(dataset):
             checks.fail(where, f"your worker_init_fn replaced the dataset's iteration (it is now a "
-                               f"{type(dataset).__name__})",
-                        "keep the dataset's own class and __iter__, and set only its start and end for this worker; "
-                        "that is what this exercise practises.")
+                        f"{type(dataset).__name__})", "keep the dataset's own class and __iter__, and set only its "
+                        "start and end for this worker; that is what this exercise practises.")
         if num_workers > 1 and "dataset" not in info.read and (dataset.start, dataset.end) == (start, end):
             checks.fail(where, "your worker_init_fn never read get_worker_info().dataset, and the worker's dataset "
-                               f"still streams all of {start} .. {end - 1}",
-                        "each worker has its own copy of the dataset, get_worker_info().dataset: change that one; "
-                        "changing a dataset from the notebook does nothing to the copies the workers stream.")
+                        f"still streams all of {start} .. {end - 1}", "each worker has its own copy of the dataset, "
+                        "get_worker_info().dataset: change that one; changing a dataset from the notebook does "
+                        "nothing to the copies the workers stream.")
         shards.append((worker_id, dataset.start, dataset.end))
     counts = Counter(i for _, lo, hi in shards for i in range(lo, hi))
     described = ", ".join(f"worker {w}: [{lo}, {hi})" for w, lo, hi in shards)
@@ -179,9 +157,8 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, librar
                     f"the shards must split [start, end) = [{start}, {end}) and stay inside it.")
     twice = sorted(i for i, c in counts.items() if c > 1)
     if twice and num_workers > 1 and all((lo, hi) == (start, end) for _, lo, hi in shards):
-        checks.fail(case, f"every worker kept the whole range: {described}",
-                    "set info.dataset.start and info.dataset.end to this worker's part, from info.id and "
-                    "info.num_workers.")
+        checks.fail(case, f"every worker kept the whole range: {described}", "set info.dataset.start and "
+                    "info.dataset.end to this worker's part, from info.id and info.num_workers.")
     if twice:
         who = [f"worker {w}" for w, lo, hi in shards if lo <= twice[0] < hi]
         checks.fail(case, f"your shards are {described}; sample {twice[0]} is in {' and '.join(who)}",
@@ -199,6 +176,5 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, librar
         want = (min(start + w * per, end), min(start + (w + 1) * per, end))
         if (lo, hi) != want and not (want[0] == want[1] and lo >= hi):
             checks.fail(case, f"your shards are {described}; each sample comes once, but worker {w}'s part should be "
-                              f"[{want[0]}, {want[1]})",
-                        f"the spec's split: contiguous parts of ceil({end - start} / {num_workers}) = {per} samples in "
-                        "worker order, the last one shorter (or empty).")
+                        f"[{want[0]}, {want[1]})", f"the spec's split: contiguous parts of ceil({end - start} / "
+                        f"{num_workers}) = {per} samples in worker order, the last one shorter (or empty).")

@@ -1,10 +1,9 @@
-"""Checker for ch08_prefetcher: a generator that stays one batch ahead and normalises images (notebook 08).
-
-The expected batches come from the spec's formula, computed in float64.
-"""
+"""Checker for ch08_prefetcher (notebook 08): a generator that stays one batch ahead and normalises images, held to
+the spec's formula computed in float64."""
 
 from __future__ import annotations
 
+import functools
 import random
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
@@ -12,7 +11,11 @@ from typing import Any
 import numpy as np
 
 from minidl.dataloader import DataLoader
-from minidl_course.exercises._common import _Checks, _short, _torch, _type_name, first_hint, yours
+from minidl_course.exercises._common import _Checks, _short, _torch, _type_name, first_hint
+
+DELEGATED = ("your prefetcher hands the work to {0}: write the hold-one-back loop yourself; that is what this "
+             "exercise practises.")
+IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 
 
 def make_image_batches(n_batches: int, batch_size: int = 4, channels: int = 3, size: tuple[int, int] = (4, 4),
@@ -52,12 +55,7 @@ class RecordingLoader:
         return len(self.batches)
 
 
-DELEGATED = ("your prefetcher hands the work to {0}: write the hold-one-back loop yourself; that is what this "
-             "exercise practises.")
-IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
-
-
-def _prefetch_cases() -> Iterator[tuple[str, list[tuple[Any, Any]], list[float], list[float]]]:
+def _cases() -> Iterator[tuple[str, list[tuple[Any, Any]], list[float], list[float]]]:
     """(description, batches, mean, std): small readable cases first, then seeded random ones."""
     yield "3 batches of 2 images, 3x4x4, ImageNet statistics", make_image_batches(3, 2), *IMAGENET
     yield "1 batch", make_image_batches(1, 2), *IMAGENET
@@ -68,63 +66,78 @@ def _prefetch_cases() -> Iterator[tuple[str, list[tuple[Any, Any]], list[float],
     for seed in range(30):
         n, size, channels = rng.randint(0, 7), rng.randint(1, 4), rng.choice((1, 3))
         shape = (rng.randint(1, 5), rng.randint(1, 5))
-        mean = [round(rng.uniform(0.2, 0.8), 3) for _ in range(channels)]
-        std = [round(rng.uniform(0.1, 0.4), 3) for _ in range(channels)]
-        description = f"{n} batches of {size} images, {channels}x{shape[0]}x{shape[1]}, make_image_batches seed {seed}"
-        yield description, make_image_batches(n, size, channels, shape, seed=seed), mean, std
-
-
-def expected_outputs(batches, mean, std) -> list[tuple[Any, Any]]:
-    """The spec's formula, in float64 then rounded to float32: ``(x - 255 mean[c]) / (255 std[c])`` per channel."""
-    torch = _torch()
-    centre = torch.tensor(mean, dtype=torch.float64).view(1, len(mean), 1, 1) * 255
-    spread = torch.tensor(std, dtype=torch.float64).view(1, len(std), 1, 1) * 255
-    return [(((images.to(torch.float64) - centre) / spread).to(torch.float32), targets) for images, targets in batches]
+        mean, std = ([round(rng.uniform(lo, hi), 3) for _ in range(channels)] for lo, hi in ((0.2, 0.8), (0.1, 0.4)))
+        yield (f"{n} batches of {size} images, {channels}x{shape[0]}x{shape[1]}, make_image_batches seed {seed}",
+               make_image_batches(n, size, channels, shape, seed=seed), mean, std)
 
 
 def check_prefetcher(prefetcher: Callable[..., Iterable[Any]]) -> None:
     """Check ch08_prefetcher: ``prefetcher(loader, mean, std)`` (a generator function or a class) yields every batch
     once, in order, normalised by the spec's formula, fetching batch k + 1 (never k + 2) before handing out batch k;
     then over a ``minidl.DataLoader``."""
-    import functools
-
     from minidl.prefetch import PrefetchLoader, fast_collate
 
-    torch = _torch()
     checks = _Checks(prefetcher)
     library = {"minidl's PrefetchLoader": (PrefetchLoader,)}
-    for description, batches, mean, std in _prefetch_cases():
-        case = f"{description}, mean={mean}, std={std}"
-        untouched = [(x.clone(), y.clone()) for x, y in batches]
-        log: list[str] = []
-        loader = RecordingLoader(watched(batches, log), log)
-        got, late = [], []
-        checks.watched(library, case, "your prefetcher used {0}", DELEGATED, _run_prefetcher, prefetcher, loader,
-                       mean, std, got, late, case, checks)
-        if loader.passes != 1:
-            checks.fail(case, f"you iterated the loader {loader.passes} times for one pass over the data",
-                        "loop over the loader once: a DataLoader starts a new epoch (and new workers) on each iter().")
-        for k, ((x, y), (before_x, before_y)) in enumerate(zip(batches, untouched)):
-            if not (torch.equal(x, before_x) and torch.equal(y, before_y)):
-                checks.fail(case, f"batch {k} of the loader was changed in place",
-                            "make a new tensor for the normalised images; never write into the loader's batches.")
-        _compare_all(got, expected_outputs(batches, mean, std), batches, mean, std, case, checks)
-        if late:  # all else right: the work is done, but late
-            checks.fail(case, late[0], "normalise a batch as soon as you fetch it, before you yield the one you hold: "
-                        "that work is what prefetching moves off the training step (on a GPU, onto its own stream).")
+    for case in _cases():
+        _check_case(prefetcher, library, checks, *case)
         checks.passed += 1
     rng = np.random.default_rng(5)
     samples = [(rng.integers(0, 256, size=(6, 5, 3), dtype=np.uint8), i) for i in range(10)]  # HWC images
     loader = DataLoader(samples, batch_size=4, collate_fn=functools.partial(fast_collate, channels_last=True))
     case = "minidl.DataLoader(10 HWC uint8 images, batch_size=4, collate_fn=fast_collate(channels_last=True))"
-    got = checks.watched(library, case, "your prefetcher used {0}", DELEGATED, lambda: list(prefetcher(loader,
-                         *IMAGENET)), what="prefetcher")
-    _compare_all(got, expected_outputs(list(loader), *IMAGENET), list(loader), *IMAGENET, case, checks)
+    got = checks.watched(library, case, "your prefetcher used {0}", DELEGATED,
+                         lambda: list(prefetcher(loader, *IMAGENET)), what="prefetcher")
+    _compare(got, list(loader), *IMAGENET, case, checks)
     checks.passed += 1
     checks.done()
 
 
-def watched(batches: Sequence[tuple[Any, Any]], log: list[str]) -> list[tuple[Any, Any]]:
+def _check_case(prefetcher, library, checks: _Checks, description, batches, mean, std) -> None:
+    """Run ``prefetcher`` over a RecordingLoader of ``batches``: what it fetched and normalised before each yield."""
+    torch = _torch()
+    case, n, log = f"{description}, mean={mean}, std={std}", len(batches), []
+    untouched = [(x.clone(), y.clone()) for x, y in batches]
+    loader, got, late = RecordingLoader(_watched(batches, log), log), [], []
+
+    def stop_iteration(e: Exception) -> None:
+        if isinstance(e, RuntimeError) and "StopIteration" in str(e):
+            checks.fail(case, f"your prefetcher raised RuntimeError: {e}", "next(iterator) on an exhausted iterator "
+                        "raises StopIteration, which a generator turns into this error: use next(iterator, None), "
+                        "or a for loop over the loader.")
+
+    def run() -> None:
+        for k, item in enumerate(prefetcher(loader, mean, std)):
+            log.append(f"yield {k}")
+            fetched, order = loader.fetched, f"(order so far: {', '.join(log)})"
+            got.append(item)
+            if k + 1 < n and fetched < k + 2:
+                checks.fail(case, f"when you handed out batch {k}, batch {k + 1} had not been fetched yet {order}",
+                            "take the next batch from the loader (and normalise it) before you yield the current one; "
+                            "that is what prefetching means.")
+            if k + 1 < n and f"normalise {k + 1}" not in log and not late:
+                late.append(f"when you handed out batch {k}, batch {k + 1} was fetched but not yet normalised {order}")
+            if fetched > k + 2:
+                checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched} batches {order}",
+                            "stay one batch ahead, no more: every batch held costs memory (GPU memory, on a GPU).")
+            if k >= n:
+                break
+
+    checks.watched(library, case, "your prefetcher used {0}", DELEGATED, run, what="prefetcher", explain=stop_iteration)
+    if loader.passes != 1:
+        checks.fail(case, f"you iterated the loader {loader.passes} times for one pass over the data", "loop over the "
+                    "loader once: a DataLoader starts a new epoch (and new workers) on each iter().")
+    for k, ((x, y), (before_x, before_y)) in enumerate(zip(batches, untouched)):
+        if not (torch.equal(x, before_x) and torch.equal(y, before_y)):
+            checks.fail(case, f"batch {k} of the loader was changed in place", "make a new tensor for the normalised "
+                        "images; never write into the loader's batches.")
+    _compare(got, batches, mean, std, case, checks)
+    if late:  # all else right: the work is done, but late
+        checks.fail(case, late[0], "normalise a batch as soon as you fetch it, before you yield the one you hold: "
+                    "that work is what prefetching moves off the training step (on a GPU, onto its own stream).")
+
+
+def _watched(batches: Sequence[tuple[Any, Any]], log: list[str]) -> list[tuple[Any, Any]]:
     """``batches`` whose images note in ``log`` ("normalise k") each operation that makes floats from them."""
     torch = _torch()
 
@@ -134,54 +147,22 @@ def watched(batches: Sequence[tuple[Any, Any]], log: list[str]) -> list[tuple[An
             with torch._C.DisableTorchFunctionSubclass():  # results are plain tensors
                 out = func(*args, **(kwargs or {}))
             if isinstance(out, torch.Tensor) and out.is_floating_point():
-                log.extend(f"normalise {a.batch_index}" for a in _flat((args, kwargs)) if isinstance(a, cls))
+                log.extend(f"normalise {a.batch_index}" for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                           if isinstance(a, cls))
             return out
 
-    out = []
-    for k, (images, targets) in enumerate(batches):
-        images = images.as_subclass(Watched)
+    out = [(images.as_subclass(Watched), targets) for images, targets in batches]
+    for k, (images, _) in enumerate(out):
         images.batch_index = k
-        out.append((images, targets))
     return out
 
 
-def _flat(obj: Any) -> list[Any]:
-    obj = list(obj.values()) if isinstance(obj, dict) else obj
-    return [leaf for item in obj for leaf in _flat(item)] if isinstance(obj, list | tuple) else [obj]
-
-
-def _run_prefetcher(prefetcher, loader: RecordingLoader, mean, std, got, late, case, checks: _Checks) -> None:
-    def stop_iteration(e: Exception) -> None:
-        if isinstance(e, RuntimeError) and "StopIteration" in str(e):
-            checks.fail(case, f"your prefetcher raised RuntimeError: {e}",
-                        "next(iterator) on an exhausted iterator raises StopIteration, which a generator turns "
-                        "into this error: use next(iterator, None), or a for loop over the loader.")
-
-    n, log = len(loader), loader.log
-    with yours("prefetcher", case, stop_iteration):
-        for k, item in enumerate(prefetcher(loader, mean, std)):
-            log.append(f"yield {k}")
-            fetched = loader.fetched
-            got.append(item)
-            if k + 1 < n and fetched < k + 2:
-                checks.fail(case, f"when you handed out batch {k}, batch {k + 1} had not been fetched yet "
-                                  f"(order so far: {', '.join(log)})",
-                            "take the next batch from the loader (and normalise it) before you yield the current "
-                            "one; that is what prefetching means.")
-            if k + 1 < n and f"normalise {k + 1}" not in log and not late:
-                late.append(f"when you handed out batch {k}, batch {k + 1} was fetched but not yet normalised "
-                            f"(order so far: {', '.join(log)})")
-            if fetched > k + 2:
-                checks.fail(case, f"when you handed out batch {k}, you had already fetched {fetched} batches "
-                                  f"(order so far: {', '.join(log)})",
-                            "stay one batch ahead, no more: every batch held costs memory (GPU memory, on a GPU).")
-            if k >= n:
-                break
-
-
-def _compare_all(got, expected, batches, mean, std, case, checks: _Checks) -> None:
-    """As many batches as the loader has, each as the spec's formula gives it."""
+def _compare(got, batches, mean, std, case, checks: _Checks) -> None:
+    """As many batches as the loader has, each as the spec's formula gives it: ``(x - 255 mean[c]) / (255 std[c])``
+    per channel, in float64 then rounded to float32."""
     torch = _torch()
+    centre, spread = (torch.tensor(v, dtype=torch.float64).view(1, len(v), 1, 1) * 255 for v in (mean, std))
+    expected = [(((x.to(torch.float64) - centre) / spread).to(torch.float32), y) for x, y in batches]
     if len(got) != len(expected):
         checks.fail(case, f"the loader has {len(expected)} batches, but you yielded {len(got)}", first_hint(
             "", (len(got) == len(expected) - 1, "the last batch is missing: when the loop over the loader ends, one "
@@ -198,22 +179,19 @@ def _compare_all(got, expected, batches, mean, std, case, checks: _Checks) -> No
                         "convert with images.to(torch.float32) (or .float()), and keep mean and std float32 too.")
         if x.shape != want_x.shape:
             checks.fail(case, f"batch {k}'s images should have shape {tuple(want_x.shape)}, but they have "
-                              f"{tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W).")
+                        f"{tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W).")
         if not (isinstance(y, torch.Tensor) and torch.equal(y, want_y)):
-            moved = next((j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)),
-                         None)
-            if moved is not None:
-                checks.fail(case, f"the batch you handed out in place {k} is the loader's batch {moved}",
-                            "hand the batches out in the loader's order: yield the batch you held, then hold the new "
-                            "one.")
+            moved = [j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)]
+            if moved:
+                checks.fail(case, f"the batch you handed out in place {k} is the loader's batch {moved[0]}", "hand the "
+                            "batches out in the loader's order: yield the batch you held, then hold the new one.")
             checks.fail(case, f"batch {k}'s targets should be {want_y.tolist()}, but they are {_short(y)}",
                         "pass the targets through untouched.")
         if not torch.allclose(x, want_x, rtol=1e-5, atol=1e-5):
             i = tuple(int(v) for v in torch.nonzero(~torch.isclose(x, want_x, rtol=1e-5, atol=1e-5))[0])
             raw, m, s = int(batches[k][0][i]), mean[i[1]], std[i[1]]
             checks.fail(case, f"batch {k}'s images{list(i)} should be {float(want_x[i]):.5f}, but it is "
-                              f"{float(x[i]):.5f}",
-                        "mean and std are for images scaled to [0, 1], and these are 0..255: scale them by 255, "
-                        "(x - mean * 255) / (std * 255)." if abs(float(x[i]) - (raw - m) / s) < 1e-3 else
-                        f"the raw value there is {raw} (channel {i[1]}, mean {m}, std {s}): ({raw} - {m} * 255) / "
-                        f"({s} * 255) = {float(want_x[i]):.4f}.")
+                        f"{float(x[i]):.5f}", "mean and std are for images scaled to [0, 1], and these are 0..255: "
+                        "scale them by 255, (x - mean * 255) / (std * 255)." if abs(float(x[i]) - (raw - m) / s) < 1e-3
+                        else f"the raw value there is {raw} (channel {i[1]}, mean {m}, std {s}): ({raw} - {m} * 255) "
+                        f"/ ({s} * 255) = {float(want_x[i]):.4f}.")
