@@ -195,15 +195,19 @@ class Tripwire:
             if name is not None and name not in self.hits:
                 self.hits.append(name)
 
+    @staticmethod
+    def _every_thread(profile: Any) -> None:
+        # Python 3.12+ reaches running threads and those started from now on; 3.11 only those started from now on
+        getattr(threading, "setprofile_all_threads", threading.setprofile)(profile)
+
     def __enter__(self) -> Tripwire:
         self._saved = sys.getprofile(), threading.getprofile()
         self.active = True
-        # Python 3.12+ reaches running threads and those started from now on; 3.11 only those started from now on
-        getattr(threading, "setprofile_all_threads", threading.setprofile)(self._profile)
+        self._every_thread(self._profile)
         sys.setprofile(self._profile)
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.active = False
-        getattr(threading, "setprofile_all_threads", threading.setprofile)(self._saved[1])
+        self._every_thread(self._saved[1])
         sys.setprofile(self._saved[0])
