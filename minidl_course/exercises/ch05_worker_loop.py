@@ -50,11 +50,14 @@ def _cases() -> Iterator[tuple[str, Any, Callable, list[Task], float]]:
     rng = random.Random(0)
     for seed in range(30):
         n = rng.randint(1, 20)
-        bad = rng.randrange(n) if seed % 3 == 1 else None
-        made = [(f"RangeDataset({n}), default_collate", toy.RangeDataset(n), collate),
-                (f"FailingDataset({n}, bad_index={bad}), default_collate", toy.FailingDataset(n, bad), collate),
-                (f"make_token_samples({n}, seed={seed}), a padding collate", make_token_samples(n, seed=seed),
-                 expected_collate)][seed % 3]
+        if seed % 3 == 1:  # only the dataset this case uses is made
+            bad = rng.randrange(n)
+            made = f"FailingDataset({n}, bad_index={bad}), default_collate", toy.FailingDataset(n, bad), collate
+        elif seed % 3 == 2:
+            made = (f"make_token_samples({n}, seed={seed}), a padding collate", make_token_samples(n, seed=seed),
+                    expected_collate)
+        else:
+            made = f"RangeDataset({n}), default_collate", toy.RangeDataset(n), collate
         labels = rng.sample(range(100), rng.randint(0, 6))  # task numbers: unique, in no particular order
         # now and then an index one past the end: that task's answer is an IndexError
         yield *made, [(label, [rng.randrange(n + (rng.random() < 0.1)) for _ in range(rng.randint(1, 4))])
