@@ -63,12 +63,19 @@ def shm_segments(pids) -> set[str]:
     return set(osfacts.shm_files(pids) or [])
 
 
+def shm_made_since(before: set[str], pids) -> set[str]:
+    """The files of ``pids`` that were not there ``before`` (all of torch's files when the test began): a file an
+    earlier process left is not this test's, even when a worker of the test now has that pid (pids are reused:
+    pid_max may be 32,768, and a test run starts thousands of processes)."""
+    return shm_segments(pids) - before
+
+
 @pytest.fixture
 def no_leaks():
     """Fails the test if a worker process, worker thread or shm segment of this test survives it by 5 s."""
     import gc
 
-    before = shm_segments([os.getpid()])  # this process's files from earlier tests (held by a module, say)
+    before = set(osfacts.shm_files() or [])  # this process's files from earlier tests, and stale ones: see below
     own = OwnProcesses()
     yield
     gc.collect()
@@ -81,7 +88,7 @@ def no_leaks():
     # torch_<pid>_... files failed a clean run). A file being freed may take a moment: a leak is one still there
     # after 5 s, present in every look meanwhile.
     deadline = time.monotonic() + 5.0
-    left = shm_segments(pids) - before
+    left = shm_made_since(before, pids)
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
         left &= shm_segments(pids)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import OwnProcesses, shm_segments
+from conftest import OwnProcesses, shm_made_since, shm_segments
 
 from minidl_course import osfacts
 
@@ -55,3 +55,20 @@ def test_another_programs_torch_file_does_not_count():
     finally:
         os.kill(other, 9)
         os.unlink(f"/dev/shm/{name}")
+
+
+def test_a_file_an_earlier_process_left_does_not_count_when_a_new_process_has_its_pid():
+    # pids are reused: a worker of this test may get the pid of a process that left torch files long ago.
+    child = multiprocessing.get_context("spawn").Process(target=make_torch_file)
+    child.start()
+    child.join()
+    stale = f"torch_{child.pid}_123_0"
+    fresh = f"torch_{child.pid}_456_0"
+    try:
+        before = set(osfacts.shm_files())  # as the fixture looks when a test begins
+        open(f"/dev/shm/{fresh}", "w").close()  # made during the test by "a process with that pid"
+        assert stale in shm_segments([child.pid])
+        assert shm_made_since(before, [child.pid]) == {fresh}
+    finally:
+        os.unlink(f"/dev/shm/{stale}")
+        os.unlink(f"/dev/shm/{fresh}")

@@ -54,14 +54,14 @@ def test_thread_workers_and_numpy_batches_are_not_in_shared_memory(no_leaks):
 @pytest.mark.timeout(60)
 def test_file_descriptor_strategy_maps_unlinked_files_and_leaves_none_in_dev_shm(no_leaks):
     assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"
-    before_maps = set(shm_maps(os.getpid()))
+    before_maps, stale = set(shm_maps(os.getpid())), set(shm_files())  # a reused pid's old files are not ours
     it = iter(minidl.DataLoader(BlockDataset(16, kib=64), batch_size=4, num_workers=2))
     batch = next(it)
     ours = [os.getpid(), *(w.pid for w in it._workers)]
     mapped = set(shm_maps(os.getpid())) - before_maps
     assert mapped and all(m.endswith(" (deleted)") for m in mapped)  # unlinked as soon as made
     # A worker still making a prefetched batch may show its file for the moment between creating and unlinking it.
-    assert wait_for(lambda: not shm_files(ours))
+    assert wait_for(lambda: not set(shm_files(ours)) - stale)
     del it, batch
     gc.collect()
     assert wait_for(lambda: set(shm_maps(os.getpid())) <= before_maps)
@@ -72,17 +72,18 @@ def test_file_system_strategy_leaves_named_files_until_the_batches_are_freed(no_
     torch.multiprocessing.set_sharing_strategy("file_system")
     try:
         # the strategy is per process: a spawned or forkserver worker starts with the default, so it is set there too
+        stale = set(shm_files())  # files an earlier process with a worker's pid left are not ours
         it = iter(minidl.DataLoader(BlockDataset(16, kib=64), batch_size=4, num_workers=2,
                                     worker_init_fn=use_file_system_strategy))
         pids = [w.pid for w in it._workers]
         kept = list(it)
-        named = set(shm_files(pids))
+        named = set(shm_files(pids)) - stale
         assert len(named) == len(kept) == 4
         assert {f"/dev/shm/{n}" for n in named} <= set(shm_maps(os.getpid()))
         assert not shm_fds(os.getpid())  # a name, not a descriptor, is the handle
         del kept
         gc.collect()
-        assert wait_for(lambda: not shm_files(pids))
+        assert wait_for(lambda: not set(shm_files(pids)) - stale)
     finally:
         torch.multiprocessing.set_sharing_strategy("file_descriptor")
 
