@@ -33,6 +33,7 @@ import random
 import sys
 import warnings
 from collections import deque, namedtuple
+from collections.abc import Callable
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -81,7 +82,7 @@ from minidl.worker import (
 # Then the worker ships only its id, and the main process reuses the state it last got from it (_last_sent).
 # That costs a few bytes a batch instead of three streams' full states.
 # The worker checks every batch whether its streams moved, so the check must be cheap.
-# It compares each stream's fingerprint (_fingerprints), not its JSON-safe state.
+# It compares each stream's fingerprint (_Fingerprints), not its JSON-safe state.
 #
 # state_dict() reads _worker_states. It never talks to a worker.
 # With snapshot_every_n_steps=1 (torchdata's name and default), a worker ships its state with every task.
@@ -205,36 +206,51 @@ def resumed_fetcher(state: WorkerState | None, dataset, create_fetcher):
     return fetcher
 
 
-def _fingerprints(rng) -> tuple:
+class _Fingerprints:
     """A cheap, exact summary of a worker's streams: equal fingerprints mean the streams have not moved.
 
-    It is read after every batch, so each stream is read the cheapest exact way (see ``_fingerprint``).
+    It is read after every batch, so each stream is read the cheapest exact way (see ``_fingerprint_reader``), by
+    readers made once. New ones are made when a stream is another object (torch imported since, say).
     """
-    return tuple(_fingerprint(g) for g in _streams(rng))
+
+    def __init__(self) -> None:
+        self.streams: list | None = None  # the streams the readers read; held, so their addresses stay theirs
+        self.readers: list = []
+
+    def __call__(self, rng) -> list:
+        streams = _streams(rng)
+        if streams != self.streams:  # the same objects compare equal at once: a list compares items by identity first
+            self.streams, self.readers = streams, [_fingerprint_reader(g) for g in streams]
+        return [read() for read in self.readers]
 
 
 def _fingerprint(g) -> Any:
+    """One stream's fingerprint."""
+    return _fingerprint_reader(g)()
+
+
+def _fingerprint_reader(g) -> Callable[[], Any]:
+    """A function that reads ``g``'s fingerprint now: the bytes of its words and position where they can be read
+    in one go (Python's and NumPy's MT19937), else its state."""
     if g is None:
-        return None
+        return type(None)  # None() is None
     if isinstance(g, random.Random):  # its words and position, then the normal gauss() may keep
         offset = _python_random_offset()
         if offset is None:
-            return g.getstate()
-        return ctypes.string_at(id(g) + offset, _MT19937_BYTES), g.gauss_next
-    if isinstance(g, np.random.RandomState):  # NumPy's global generator (the normal it may cache: see _caches_normal)
-        return _bit_generator_fingerprint(g._bit_generator)
-    if isinstance(g, np.random.Generator):
-        return _bit_generator_fingerprint(g.bit_generator)
-    return g.get_state().numpy().tobytes()  # a torch.Generator
-
-
-def _bit_generator_fingerprint(bg) -> Any:
-    if isinstance(bg, np.random.MT19937) and _mt19937_readable():
-        # MT19937's `state` property copies its 624 words out one at a time, which is slow.
-        # The C struct behind its ctypes interface holds the same words, then the position.
-        # Reading those bytes in one go is much cheaper, and just as exact.
-        return ctypes.string_at(bg.ctypes.state_address, _MT19937_BYTES)
-    return pickle.dumps(bg.state)  # exact for any bit generator's state, arrays included
+            return g.getstate
+        at = id(g) + offset  # the object is held by _Fingerprints.streams, so it stays at this address
+        return lambda: (ctypes.string_at(at, _MT19937_BYTES), g.gauss_next)
+    if isinstance(g, (np.random.RandomState, np.random.Generator)):
+        # NumPy's global generator is a RandomState (the normal it may cache: see _caches_normal)
+        bg = g._bit_generator if isinstance(g, np.random.RandomState) else g.bit_generator
+        if isinstance(bg, np.random.MT19937) and _mt19937_readable():
+            # MT19937's `state` property copies its 624 words out one at a time, which is slow.
+            # The C struct behind its ctypes interface holds the same words, then the position.
+            # Reading those bytes in one go is much cheaper, and just as exact.
+            # g, held by _Fingerprints.streams, holds bg: the struct stays at this address
+            return functools.partial(ctypes.string_at, bg.ctypes.state_address, _MT19937_BYTES)
+        return lambda: pickle.dumps(bg.state)  # exact for any bit generator's state, arrays included
+    return lambda: g.get_state().numpy().tobytes()  # a torch.Generator
 
 
 _MT19937_BYTES = 624 * 4 + 4  # uint32_t key[624]; int pos
@@ -242,7 +258,7 @@ _MT19937_BYTES = 624 * 4 + 4  # uint32_t key[624]; int pos
 
 @functools.cache
 def _mt19937_readable() -> bool:
-    """Whether the struct at ``MT19937.ctypes.state_address`` is laid out as ``_bit_generator_fingerprint`` expects.
+    """Whether the struct at ``MT19937.ctypes.state_address`` is laid out as ``_fingerprint_reader`` expects.
 
     NumPy does not promise that layout, so it is checked once against the ``state`` property.
     """
@@ -491,7 +507,8 @@ class _StatefulResultQueue:
     def __init__(self, queue, worker_id: int, layer: _StatefulWorker, create_fetcher) -> None:
         self.queue, self.worker_id, self.layer, self._create_fetcher = queue, worker_id, layer, create_fetcher
         self.resume, self.fetcher, self.replay = layer.resume, None, layer.replay
-        self.last_sent = None  # (ended, _fingerprints) of the last state sent; when unchanged, the id goes instead
+        self.last_sent = None  # (ended, fingerprints) of the last state sent; when unchanged, the id goes instead
+        self.fingerprints = _Fingerprints()
 
     def create_fetcher(self, kind, dataset, auto_collation, collate_fn, drop_last):
         if self.resume is not None:  # runs after worker_init_fn, which may reseed: the saved state wins
@@ -516,7 +533,7 @@ class _StatefulResultQueue:
         info = get_worker_info()
         try:
             if isinstance(idx, _ResumeIteration):  # no fetcher yet
-                r = ship(r, "state", (self.worker_id, self._capture(info, (False, _fingerprints(info.rng)), None)))
+                r = ship(r, "state", (self.worker_id, self._capture(info, (False, self.fingerprints(info.rng)), None)))
             elif ended or self.layer.ships_state(idx):  # a short last batch may have used the replica up too
                 r = ship(r, "state", self._state(info, ended))
         except Exception:  # the dataset's state_dict() failed: the main process raises it, in this batch's place
@@ -528,9 +545,9 @@ class _StatefulResultQueue:
 
         Only the streams and ``ended`` are compared. A dataset or iterator with its own state always sends it.
         """
-        if any(_has_state(x) for x in (info.dataset, getattr(self.fetcher, "dataset_iter", None))):
+        if _has_state(info.dataset) or _has_state(getattr(self.fetcher, "dataset_iter", None)):
             return capture_worker_state(info.rng, info.dataset, ended, self.fetcher)
-        now = (ended, _fingerprints(info.rng))
+        now = (ended, self.fingerprints(info.rng))
         if now == self.last_sent:
             return self.worker_id  # an int pickles in a few bytes, and costs the main process nothing to look up
         return self._capture(info, now, self.fetcher)

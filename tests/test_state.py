@@ -213,6 +213,27 @@ def test_fingerprints_follow_every_stream():
         assert state._fingerprint(g) == before, type(g)
 
 
+def test_a_workers_fingerprints_follow_its_streams_and_a_stream_replaced():
+    """The readers a worker makes once read each stream as it moves; a stream that is another object gets its own."""
+    from types import SimpleNamespace
+
+    from minidl import state
+
+    rng = SimpleNamespace(random_generator=random.Random(1), numpy_generator=np.random.default_rng(2),
+                          torch_generator=torch.Generator().manual_seed(3))
+    fingerprints = state._Fingerprints()
+    first = fingerprints(rng)
+    saved = state.rng_state(rng.numpy_generator)
+    rng.numpy_generator.random()
+    assert fingerprints(rng) != first
+    state.set_rng_state(rng.numpy_generator, saved)
+    assert fingerprints(rng) == first
+    rng.numpy_generator = np.random.default_rng(2)  # another object, at another point of the same stream
+    rng.numpy_generator.random()
+    assert fingerprints(rng) != first
+    assert fingerprints(rng) == [state._fingerprint(g) for g in state._streams(rng)]
+
+
 def test_python_random_fingerprint_is_its_state():
     """The cheap read of a random.Random equals the state getstate() gives, and sees gauss()'s kept normal go."""
     from minidl import state
