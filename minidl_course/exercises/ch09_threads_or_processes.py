@@ -1,6 +1,5 @@
-"""Checker for exercise ch09: threads or processes, for two workloads, decided by measuring. The learner's
-``time_methods(run_epoch, rounds)`` runs on a stand-in of known epoch times, then on an epoch of each workload, every
-call on the checker's clock; where the two methods are within ``BAND``, in the median or any round, either passes."""
+"""Checker for exercise ch09: threads or processes for two workloads, decided by measuring. The learner's
+``time_methods(run_epoch, rounds)`` runs on a stand-in of known times, then on each workload, on the checker's clock."""
 
 from __future__ import annotations
 
@@ -22,16 +21,14 @@ METHODS = ("multiprocessing", "thread")
 WORKLOADS = ("python_loop", "sleep_numpy")
 BAND = 1.15  # when the slower one takes less than BAND x the faster one's time, either answer is accepted
 ROUNDS = 3
-CLOCK_HINT = ("time each run_epoch(method) call with time.perf_counter() just before and just after it, in every "
-              "round, and return those times: the checker clocks the same calls, and a number made up, reused or "
-              "typed in does not match them.")
+CLOCK_HINT = ("time each run_epoch(method) call with time.perf_counter() just before and just after it, every round, "
+              "and return those times: the checker clocks the same calls, and a made-up or reused number won't match.")
 STANDIN_SECONDS = {"multiprocessing": 0.08, "thread": 0.04}  # the stand-in's epoch times: threads twice as fast
 WHY = {  # why the usual answer holds, where this machine measured it too
     ("python_loop", "multiprocessing"): "a pure-Python loop holds the GIL, so two threads take turns on one core; "
                                         "two processes each have their own interpreter and GIL.",
     ("sleep_numpy", "thread"): "sleeping (like reading a file) and NumPy release the GIL, so threads overlap as well "
-                               "as processes do, without starting processes or sending arrays between them.",
-}
+                               "as processes do, without starting processes or sending arrays between them."}
 
 
 class PythonLoopDataset(toy.RangeDataset):
@@ -76,8 +73,7 @@ def epoch(dataset: Dataset, worker_method: str, num_workers: int = 2) -> None:
 
 
 class Measured(harness.Rounds):
-    """``{workload: {method: [seconds per round]}}`` as your time_methods measured it, and ``problem``: where it first
-    left the checker's clock ("" if nowhere)."""
+    """``{workload: {method: [seconds per round]}}`` as your time_methods measured it, and ``problem``."""
 
     def median(self, workload: str, method: str) -> float:
         return statistics.median(self[workload][method])
@@ -95,7 +91,7 @@ class Measured(harness.Rounds):
         return harness.Rounds(self[workload]).ratios(METHODS[1 - METHODS.index(best)], best)
 
     def refuses(self, workload: str, answer: str) -> bool:
-        """Whether ``judge`` would refuse ``answer``: a clear gap, in the median and every round, the other way."""
+        """A clear gap the other way, in the median and in every round, as ``judge`` refuses."""
         return min(self.gap(workload), *self.round_gaps(workload)) >= BAND and answer != self.faster(workload)
 
 
@@ -110,8 +106,7 @@ def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: 
         return got, None, ""
     for method, yours in seconds.items():
         ours = watch.seconds(method)
-        r = harness.off_the_clock(yours, ours)
-        if r is not None:
+        if (r := harness.off_the_clock(yours, ours)) is not None:
             took = (f"took {ours[r - len(yours)]:.3f} s" if len(ours) >= len(yours) else
                     f"was made {len(ours)} times for {len(yours)} rounds")
             return got, seconds, (f"your time_methods says round {r + 1} of {method!r} took {yours[r]:.3f} s, "
@@ -135,23 +130,20 @@ def measure(time_methods: Callable[[Callable[[str], Any], int], Any], rounds: in
 
 def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faster: Any,
                  measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch09: ``time_methods(run_epoch, rounds)`` times both methods right (on a stand-in whose epoch times are
-    known, then on an epoch of each workload), and ``faster`` maps each workload to the worker_method it measured
-    faster there. Prints what it measured; raises AssertionError at the first problem, with a hint."""
+    """Check ch09: ``time_methods(run_epoch, rounds)`` times both methods right (on a stand-in, then on each workload),
+    and ``faster`` maps each workload to the worker_method it measured faster. Raises AssertionError with a hint."""
     def report(measured: Measured) -> str:
         return "\n".join(f"Measured by your time_methods, {name}: "
                          + ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
                          + f" per epoch (median of {len(measured[name][METHODS[0]])} rounds)" for name in WORKLOADS)
-
     def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
-        # Your cell measured before this one: if the machine got busier or quieter since, a clear gap can change
-        # sides. So an answer the first measurement refuses is judged again on a second one, which must agree.
+        # Your cell measured before this one, and a clear gap can change sides as the machine gets busier or quieter:
+        # an answer the first measurement refuses is judged on a second one, which must refuse it too.
         if not measured.problem and any(measured.refuses(name, faster[name]) for name in WORKLOADS):
             print("Your answer differs from this measurement, so the checker measures once more:")
             measured = measure(time_methods)
             print(report(measured))
         judge(faster, measured, checks)
-
     return harness.measure_then_judge(
         [time_methods], lambda checks: (check_answer_shape(faster, checks), check_timer(time_methods, checks)),
         lambda: measure(time_methods), report, judge_again_if_refused)
@@ -167,20 +159,17 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
                     f"{list(METHODS)}, {ROUNDS} positive numbers each, but it returned {_short(got)}",
                     "one list per method, one epoch time per round, in seconds.")
     medians = {m: statistics.median(seconds[m]) for m in METHODS}
-
     def near(want: Callable[[str], float], scale: float = 1) -> bool:  # every median near want(method)
         return all(0.8 * want(m) <= medians[m] / scale <= 2 * want(m) for m in METHODS)
-
     if not near(STANDIN_SECONDS.get):
-        checks.fail(case, "your medians are " + ", ".join(f"{m} {medians[m] * 1e3:.0f} ms" for m in METHODS),
-                    first_hint(
-            "time each run_epoch(method) call alone, with time.perf_counter() just before and just after it.",
-            (near(lambda m: STANDIN_SECONDS[METHODS[1 - METHODS.index(m)]]), "your times are under the wrong method: "
-             "keep each epoch's time under the method that ran it."),
+        swapped = near(lambda m: STANDIN_SECONDS[METHODS[1 - METHODS.index(m)]])
+        summed = all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:]))
+        said = ", ".join(f"{m} {t * 1e3:.0f} ms" for m, t in medians.items())
+        checks.fail(case, f"your medians are {said}", first_hint(
+            "time each run_epoch(method) call alone, with time.perf_counter() just before and after it.",
+            (swapped, "your times are under the wrong method: keep each epoch's time under the method that ran it."),
             (near(STANDIN_SECONDS.get, 1000), harness.MILLISECONDS),
-            (all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:])),
-             "each time includes the rounds before it: read time.perf_counter() again just before each run_epoch "
-             "call, not once at the start.")))
+            (summed, "each time includes the rounds before it: restart the clock just before each run_epoch call.")))
     if problem:
         checks.fail(case, f"the stand-in: {problem}", CLOCK_HINT)
     checks.passed += 1
