@@ -1,6 +1,5 @@
 """Checker for ch11: vectorise a transform, or add workers? ``transform_batch`` must give ``per_sample_transform``'s
-values in a few whole-array operations; the checker times an epoch both ways itself, and holds the learner's times
-and choice to its rounds."""
+values in a few whole-array operations; the learner's times and choice are held to the checker's own rounds."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ import statistics
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -64,19 +62,15 @@ def vectorised_epoch(images: np.ndarray, transform_batch: Callable[[np.ndarray],
         transform_batch(batch)
 
 
-@dataclass(frozen=True)
-class Measured:
-    """Each option's seconds per epoch, a round each, and transform_batch's speed-up over the loop on one batch;
-    ``speedup`` is the median of the rounds' workers' epoch / vectorised epoch (below 1: vectorising is slower)."""
-
+class Measured(NamedTuple):
+    """Each option's seconds per epoch, a round each, and transform_batch's speed-up over the loop on one batch."""
     workers: list[float]
     vectorised: list[float]
     batch_speedup: float
-
     @property
     def speedups(self) -> list[float]:
+        """Each round's workers' epoch / vectorised epoch (below 1: vectorising is slower)."""
         return [w / v for w, v in zip(self.workers, self.vectorised, strict=True)]
-
     @property
     def speedup(self) -> float:
         return statistics.median(self.speedups)
@@ -109,7 +103,6 @@ def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds:
         if choice not in ("vectorise", "workers"):
             checks.fail(case, f"choice should be one of ('vectorise', 'workers'), but it is {choice!r}")
         checks.passed += 1
-
     return harness.measure_then_judge(
         [transform_batch], check_first,
         lambda: harness.unless_close(lambda: measure(transform_batch), float(seconds["workers"]) / float(
@@ -134,36 +127,34 @@ def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks:
             checks.fail(case, f"should return a numpy.ndarray, but it returned {type(got).__name__}")
         if got.shape != want.shape:
             checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}", "channels first: "
-                        "transpose (B, H, W, 3) to (B, 3, H, W), e.g. x.transpose(0, 3, 1, 2)." if got.shape ==
-                        images.shape else "the same values as per_sample_transform, stacked: one (3, H, W) per image.")
+                        "x.transpose(0, 3, 1, 2) makes (B, H, W, 3) (B, 3, H, W)." if got.shape == images.shape else
+                        "the same values as per_sample_transform, stacked: one (3, H, W) per image.")
         if got.dtype != np.float32:
-            checks.fail(case, f"the result should be float32, but it is {got.dtype}", "convert with astype(np.float32) "
-                        "and keep every constant float32: a float64 array (or 255.0 with NumPy < 2) upcasts it all.")
+            checks.fail(case, f"the result should be float32, but it is {got.dtype}", "keep every constant float32 "
+                        "(astype(np.float32)): a float64 array, or 255.0 with NumPy < 2, upcasts it all.")
         if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
             at = tuple(int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[0])
             unscaled = (images.transpose(0, 3, 1, 2) - MEAN.reshape(1, 3, 1, 1)) / STD.reshape(1, 3, 1, 1)
             checks.fail(case, f"result{list(at)} should be {float(want[at]):.5f}, but it is {float(got[at]):.5f}",
-                        "divide by 255 first: MEAN and STD are for values in [0, 1]."
-                        if np.allclose(got, unscaled, rtol=1e-4, atol=1e-3) else "(x / 255 - MEAN[c]) / STD[c] per "
-                        "channel c: MEAN.reshape(1, 3, 1, 1) broadcasts over (B, 3, H, W).")
+                        "divide by 255 first: MEAN and STD are for values in [0, 1]." if np.allclose(
+                            got, unscaled, rtol=1e-4, atol=1e-3) else "(x / 255 - MEAN[c]) / STD[c] per channel c: "
+                        "MEAN.reshape(1, 3, 1, 1) broadcasts over (B, 3, H, W).")
         checks.passed += 1
     small, large = (python_steps(transform_batch, make_images(b, 8, seed=3)) for b in (SMALL, LARGE))
     if large - small >= (LARGE - SMALL) / 2:
         checks.fail(f"transform_batch on batches of {SMALL} and of {LARGE} images", f"it ran {small} steps of Python "
-                    f"for {SMALL} images and {large} for {LARGE}: Python work for every image",
-                    "a loop over the images (or over rows), a comprehension or a map is not vectorised: write it as "
-                    "a few operations on the whole (B, H, W, 3) array, whose number doesn't grow with B.")
+                    f"for {SMALL} images and {large} for {LARGE}: Python work for every image", "a loop over the "
+                    "images or rows, a comprehension or a map is not vectorised: write a few operations on the whole "
+                    "(B, H, W, 3) array, as many for any B.")
     checks.passed += 1
 
 
 def python_steps(fn: Callable[[np.ndarray], Any], batch: np.ndarray) -> int:
     """Lines and calls run in Python by ``fn(batch)``, NumPy's own Python one call each: a loop grows with the batch."""
     count = [0]
-
     def trace(frame, event, arg):
         count[0] += 1
         return None if frame.f_globals.get("__name__", "").startswith("numpy") else trace
-
     saved = sys.gettrace()
     sys.settrace(trace)
     try:
