@@ -10,6 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 from minidl_course.exercises import _measure as harness
@@ -43,15 +44,9 @@ def collatz_steps_python(start: int, stop: int) -> int:
 
 def two_threads(kernel: Callable[[int, int], Any], start: int, stop: int) -> list[Any]:
     """Run ``kernel`` on the two halves of ``start .. stop - 1`` in two threads at once; their results in order."""
-    middle, results = (start + stop) // 2, [None, None]
-    def half(k: int, a: int, b: int) -> None:
-        results[k] = kernel(a, b)
-    began = time.perf_counter()
-    threads = [threading.Thread(target=half, args=(k, *ab)) for k, ab in enumerate([(start, middle), (middle, stop)])]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    middle, began = (start + stop) // 2, time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(kernel, (start, middle), (middle, stop)))
     RUNS.append((kernel, 2, start, stop, time.perf_counter() - began))
     return results
 

@@ -90,10 +90,6 @@ class Measured(harness.Rounds):
         best = self.faster(workload)
         return harness.Rounds(self[workload]).ratios(METHODS[1 - METHODS.index(best)], best)
 
-    def refuses(self, workload: str, answer: str) -> bool:
-        """A clear gap the other way, in the median and in every round, as ``judge`` refuses."""
-        return min(self.gap(workload), *self.round_gaps(workload)) >= BAND and answer != self.faster(workload)
-
 
 def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: str) -> tuple[Any, Any, str]:
     """Your ``time_methods`` on ``run`` on the checker's Stopwatch: what it returned, as ``{method: [seconds]}``
@@ -137,9 +133,10 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
                          + ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
                          + f" per epoch (median of {len(measured[name][METHODS[0]])} rounds)" for name in WORKLOADS)
     def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
-        # Your cell measured before this one, and a clear gap can change sides as the machine gets busier or quieter:
-        # an answer the first measurement refuses is judged on a second one, which must refuse it too.
-        if not measured.problem and any(measured.refuses(name, faster[name]) for name in WORKLOADS):
+        # A clear gap (median and every round) can change sides as the load changes since your cell measured: an
+        # answer the first measurement refuses is judged on a second one, which must refuse it too.
+        if not measured.problem and any(min(measured.gap(n), *measured.round_gaps(n)) >= BAND
+                                        and faster[n] != measured.faster(n) for n in WORKLOADS):
             print("Your answer differs from this measurement, so the checker measures once more:")
             measured = measure(time_methods)
             print(report(measured))
@@ -151,8 +148,8 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
 
 def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks: _Checks) -> None:
     """Your ``time_methods`` on a stand-in ``run_epoch`` that sleeps 80 ms for processes and 40 ms for threads."""
-    case = (f"a stand-in run_epoch(method) that sleeps {STANDIN_SECONDS['multiprocessing'] * 1e3:.0f} ms for "
-            f"'multiprocessing' and {STANDIN_SECONDS['thread'] * 1e3:.0f} ms for 'thread'")
+    case = "a stand-in run_epoch(method) that sleeps " + " and ".join(f"{s * 1e3:.0f} ms for {m!r}"
+                                                                      for m, s in STANDIN_SECONDS.items())
     got, seconds, problem = timed(time_methods, lambda method: time.sleep(STANDIN_SECONDS[method]), ROUNDS, case)
     if seconds is None:
         checks.fail(case, f"time_methods(run_epoch, {ROUNDS}) should return {{method: [seconds of each round]}} for "
@@ -185,10 +182,9 @@ def check_answer_shape(faster: Any, checks: _Checks) -> None:
                     "one answer per workload, under these names.")
     for name, answer in faster.items():
         if answer not in METHODS:
-            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {answer!r}",
-                        "DataLoader calls processes worker_method='multiprocessing'; write that."
-                        if str(answer).lower().startswith("process")
-                        else "use the names DataLoader's worker_method takes: 'multiprocessing' or 'thread'.")
+            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {answer!r}", "DataLoader calls "
+                        "processes worker_method='multiprocessing'." if str(answer).lower().startswith("process") else
+                        "use the names DataLoader's worker_method takes.")
     checks.passed += 1
 
 
@@ -196,8 +192,7 @@ def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None 
     """The verdict on each answer, from what your ``time_methods`` measured in the check alone."""
     checks = checks or _Checks()
     if measured.problem:
-        checks.fail("your time_methods on the two workloads, against the checker's clock", measured.problem,
-                    CLOCK_HINT)
+        checks.fail("your time_methods on the workloads, against the checker's clock", measured.problem, CLOCK_HINT)
     for name in WORKLOADS:
         best, gap, rounds = measured.faster(name), measured.gap(name), measured.round_gaps(name)
         if gap < BAND:
@@ -208,8 +203,7 @@ def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None 
                   "rounds agree)")
         elif faster[name] != best:
             checks.fail(f"{name}: you answered {faster[name]!r}; your time_methods measured {best!r} faster by "
-                        f"{gap:.2f}x", f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", WHY.get(
-                            (name, best), f"your own time_methods measured {best!r} faster in every round here: "
-                            "answer what this machine measured, not what you expected (process workers lose where "
-                            "the cores are few or busy: their start-up is then all they add)"))
+                        f"{gap:.2f}x", f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", WHY.get((name, best), (
+                            f"your time_methods measured {best!r} faster in every round: answer what this machine "
+                            "measured, not what you expected (processes lose where cores are few or busy)")))
         checks.passed += 1
