@@ -66,8 +66,7 @@ def make_datasets() -> dict[str, Dataset]:
 
 def epoch(dataset: Dataset, worker_method: str, num_workers: int = 2) -> None:
     """One epoch of ``minidl.DataLoader(dataset, batch_size=4, num_workers=2, worker_method=...)``, workers started."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         for _ in DataLoader(dataset, batch_size=4, num_workers=num_workers, worker_method=worker_method):
             pass
 
@@ -75,20 +74,12 @@ def epoch(dataset: Dataset, worker_method: str, num_workers: int = 2) -> None:
 class Measured(harness.Rounds):
     """``{workload: {method: [seconds per round]}}`` as your time_methods measured it, and ``problem``."""
 
-    def median(self, workload: str, method: str) -> float:
-        return statistics.median(self[workload][method])
-
-    def faster(self, workload: str) -> str:
-        return min(METHODS, key=lambda m: self.median(workload, m))
-
-    def gap(self, workload: str) -> float:
-        """The slower method's median time over the faster one's (1.0: a tie)."""
-        return max(self.median(workload, m) for m in METHODS) / self.median(workload, self.faster(workload))
-
-    def round_gaps(self, workload: str) -> list[float]:
-        """Round by round, the other method's time over the faster one's (below 1 where that round disagrees)."""
-        best = self.faster(workload)
-        return harness.Rounds(self[workload]).ratios(METHODS[1 - METHODS.index(best)], best)
+    def verdict(self, workload: str) -> tuple[str, float, list[float]]:
+        """The faster method in the median, the other's median time over its (1.0: a tie), and that ratio round by
+        round (below 1 where a round disagrees)."""
+        medians = {m: statistics.median(self[workload][m]) for m in METHODS}
+        best, other = sorted(METHODS, key=medians.get)
+        return best, medians[other] / medians[best], harness.Rounds(self[workload]).ratios(other, best)
 
 
 def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: str) -> tuple[Any, Any, str]:
@@ -130,13 +121,13 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
     and ``faster`` maps each workload to the worker_method it measured faster. Raises AssertionError with a hint."""
     def report(measured: Measured) -> str:
         return "\n".join(f"Measured by your time_methods, {name}: "
-                         + ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
+                         + ", ".join(f"{m} {statistics.median(measured[name][m]) * 1e3:.0f} ms" for m in METHODS)
                          + f" per epoch (median of {len(measured[name][METHODS[0]])} rounds)" for name in WORKLOADS)
     def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
         # A clear gap (median and every round) can change sides as the load changes since your cell measured: an
         # answer the first measurement refuses is judged on a second one, which must refuse it too.
-        if not measured.problem and any(min(measured.gap(n), *measured.round_gaps(n)) >= BAND
-                                        and faster[n] != measured.faster(n) for n in WORKLOADS):
+        if not measured.problem and any(min(gap, *rounds) >= BAND and faster[name] != best for name in WORKLOADS
+                                        for best, gap, rounds in [measured.verdict(name)]):
             print("Your answer differs from this measurement, so the checker measures once more:")
             measured = measure(time_methods)
             print(report(measured))
@@ -194,7 +185,7 @@ def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None 
     if measured.problem:
         checks.fail("your time_methods on the workloads, against the checker's clock", measured.problem, CLOCK_HINT)
     for name in WORKLOADS:
-        best, gap, rounds = measured.faster(name), measured.gap(name), measured.round_gaps(name)
+        best, gap, rounds = measured.verdict(name)
         if gap < BAND:
             print(f"{name}: the two are within {BAND}x of each other here ({gap:.2f}x), so either answer is accepted")
         elif min(rounds) < BAND:  # a busy machine: one round says otherwise, or nearly; no verdict to hold you to

@@ -112,15 +112,15 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
         high = number > every * 1.6  # else low: the hints for each side apply to it alone
         if high or number < every * 0.9:
             checks.fail(case, f"should be about {every:.3g} s per batch, but it is {number!r}", first_hint(
-                "stamp the time when each batch arrives, and divide by the number of batches after the first."
-                if high else "divide by the batches that arrived after the first one: n - 1 for n batches.",
-                (high and abs(number - 1 / every) < 1 / every * 0.4, "that is batches per second: return seconds "
-                 "per batch."), (high and abs(number / 1000 - every) < every * 0.4, harness.MILLISECONDS),
-                (high and start and number >= (start + batches * every) / batches * 0.8, "you included the wait for "
+                "stamp each batch's arrival; divide by the batches after the first." if high else
+                "divide by the batches after the first one: n - 1 for n batches.",
+                (high and abs(number * every - 1) < 0.4, "that is batches per second: return seconds per batch."),
+                (high and abs(number / 1000 / every - 1) < 0.4, harness.MILLISECONDS),
+                (high and start and number * batches >= (start + batches * every) * 0.8, "you included the wait for "
                  "the first batch (worker start): start the clock when the first batch arrives."),
-                (not high and number < every * 0.1, "time the whole loop over the loader, not one next() call or the "
-                 "creation of the iterator."), (not high and 0.9 < number * batches / (batches - 1) / every < 1.3,
-                                                "you divided by all n batches, but the clock ran n - 1 intervals.")))
+                (not high and number < every * 0.1, "time the whole loop over the loader, not one next() or iter()."),
+                (not high and 0.9 < number * batches / (batches - 1) / every < 1.3, "you divided by all n batches, "
+                 "but the clock ran n - 1 intervals.")))
         if harness.off_the_clock([number], [ours], CLOCK_FACTOR, 1e-6) is not None:
             checks.fail(case, _off("paced", number, ours), CLOCK_HINT)
         checks.passed += 1
@@ -131,13 +131,11 @@ def judge(ratio: Any, measured: harness.Rounds, checks: _Checks | None = None) -
     ``RATIO_FACTOR`` of the median of the rounds."""
     checks, median = checks or _Checks(), harness.median_ratio(measured, "minidl", "torch")
     if measured.problem:
-        checks.fail("your per_batch_seconds on both loaders, against the checker's clock", measured.problem,
-                    CLOCK_HINT)
+        checks.fail("your per_batch_seconds on both loaders, against the checker's clock", measured.problem, CLOCK_HINT)
     harness.judge_figure(
         checks, f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now", "ratio", ratio,
         [median], RATIO_FACTOR, "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.",
         f"your rounds here gave a median of {median:.2f} (measured twice if the first disagreed): {ratio} is more than "
-        f"{RATIO_FACTOR}x away", "set ratio from your own rounds on this machine (minidl's per-batch time over torch's "
-        "each round, the median), not a figure from the README or another machine; if the load changed since, run your "
-        "cell and this one again.", "you divided the other way round: minidl's per-batch time / torch's.",
-        {1.0: "1.0 says the two cost the same: report the ratio you measured, not a guess."})
+        f"{RATIO_FACTOR}x away", "set ratio from your own rounds here, not a figure from the README or another "
+        "machine; if the load changed since, run your cell and this one again.", "you divided the other way round: "
+        "minidl's per-batch time / torch's.", {1.0: "1.0 says the two cost the same: report your ratio, not a guess."})

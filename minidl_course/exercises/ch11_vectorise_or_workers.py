@@ -50,8 +50,7 @@ class ImageDataset(TensorDataset):
 
 def workers_epoch(images: np.ndarray, num_workers: int = WORKERS) -> None:
     """Option 1: the per-sample transform inside the dataset, ``num_workers`` worker processes (one per core)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         for _ in DataLoader(ImageDataset(images), batch_size=BATCH, num_workers=num_workers, collate_fn=np.stack):
             pass
 
