@@ -82,8 +82,7 @@ def measure(transform_batch: Callable[[np.ndarray], np.ndarray], rounds: int = R
                                "batch": lambda: transform_batch(batch)}, rounds=5)
     times = harness.interleaved({"workers": lambda: workers_epoch(images),
                                  "vectorised": lambda: vectorised_epoch(images, transform_batch)}, rounds=rounds)
-    return Measured(times["workers"], times["vectorised"],
-                    statistics.median(one["loop"]) / statistics.median(one["batch"]))
+    return Measured(times["workers"], times["vectorised"], harness.median_ratio(one, "loop", "batch"))
 
 
 def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds: Any, choice: Any,
@@ -126,7 +125,7 @@ def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks:
             checks.fail(case, f"should return a numpy.ndarray, but it returned {type(got).__name__}")
         if got.shape != want.shape:
             checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}", "channels first: "
-                        "x.transpose(0, 3, 1, 2) makes (B, H, W, 3) (B, 3, H, W)." if got.shape == images.shape else
+                        "x.transpose(0, 3, 1, 2) turns (B, H, W, 3) to (B, 3, H, W)." if got.shape == images.shape else
                         "the same values as per_sample_transform, stacked: one (3, H, W) per image.")
         if got.dtype != np.float32:
             checks.fail(case, f"the result should be float32, but it is {got.dtype}", "keep every constant float32 "
@@ -171,10 +170,10 @@ def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Che
     if any(harness.typed(float(s)) for s in seconds.values()):
         checks.fail(case, "a time with at most three decimals", harness.TYPED.replace(
             "speedup = statistics.median(rounds)", "statistics.median(times['workers'])"))
-    for key, ours in (("workers", measured.workers), ("vectorised", measured.vectorised)):
-        if float(seconds[key]) > 100 * statistics.median(ours):
-            checks.fail(case, f"seconds[{key!r}] is {seconds[key]}, but the checker's epochs took "
-                              f"{statistics.median(ours):.3f} s", harness.MILLISECONDS)
+    for key in ("workers", "vectorised"):
+        if float(seconds[key]) > 100 * (ours := statistics.median(getattr(measured, key))):
+            checks.fail(case, f"seconds[{key!r}] is {seconds[key]}, but the checker's epochs took {ours:.3f} s",
+                        harness.MILLISECONDS)
     harness.judge_figure(
         checks, case, "the ratio of your times", reported, [measured.speedup], SPEEDUP_FACTOR, "",
         f"the ratio of your times is more than {SPEEDUP_FACTOR}x away from the median of the checker's rounds "
@@ -185,9 +184,8 @@ def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Che
     if gap < BAND:
         print(f"the two options are within {BAND}x of each other here ({gap:.2f}x), so either choice is accepted")
     elif choice != best:
-        checks.fail(f"choice={choice!r}; the checker measured {best!r} faster by {gap:.2f}x",
-                    f"{choice!r} is {gap:.2f}x slower than {best!r}",
-                    "your times show the vectorised epoch faster: choose 'vectorise'." if choice == "workers"
-                    and reported > 1 else "your own times say so: choose the faster option. Vectorising removes the "
-                    f"Python overhead on every core; workers only spread it over the cores there are ({WORKERS} here).")
+        checks.fail(f"choice={choice!r}; the checker measured {best!r} faster by {gap:.2f}x", f"{choice!r} is "
+                    f"{gap:.2f}x slower than {best!r}", "your times show the vectorised epoch faster: choose "
+                    "'vectorise'." if choice == "workers" and reported > 1 else "choose the faster option, as your "
+                    f"times say: vectorising removes Python work on every core; workers spread it over {WORKERS}.")
     checks.passed += 1
