@@ -80,6 +80,7 @@ class Measured(NamedTuple):
     clocked: Sequence[float] = ()  # the same rounds on the checker's clock
     problem: str = ""  # what your timing left out
     yours: Sequence[float] = ()  # your notebook's rounds on your kernel, on the checker's clock
+
     @property
     def speedup(self) -> float:
         return statistics.median(self.speedups)

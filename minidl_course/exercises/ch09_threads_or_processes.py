@@ -75,8 +75,7 @@ class Measured(harness.Rounds):
     """``{workload: {method: [seconds per round]}}`` as your time_methods measured it, and ``problem``."""
 
     def verdict(self, workload: str) -> tuple[str, float, list[float]]:
-        """The faster method in the median, the other's median time over its (1.0: a tie), and that ratio round by
-        round (below 1 where a round disagrees)."""
+        """The faster method; the other's median time over its (1.0: a tie), and round by round (below 1: disagrees)."""
         medians = {m: statistics.median(self[workload][m]) for m in METHODS}
         best, other = sorted(METHODS, key=medians.get)
         return best, medians[other] / medians[best], harness.Rounds(self[workload]).ratios(other, best)
@@ -124,8 +123,7 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
                          + ", ".join(f"{m} {statistics.median(measured[name][m]) * 1e3:.0f} ms" for m in METHODS)
                          + f" per epoch (median of {len(measured[name][METHODS[0]])} rounds)" for name in WORKLOADS)
     def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
-        # A clear gap (median and every round) can change sides as the load changes since your cell measured: an
-        # answer the first measurement refuses is judged on a second one, which must refuse it too.
+        # the load may have changed since your cell measured: an answer refused is judged again on a second measurement
         if not measured.problem and any(min(gap, *rounds) >= BAND and faster[name] != best for name in WORKLOADS
                                         for best, gap, rounds in [measured.verdict(name)]):
             print("Your answer differs from this measurement, so the checker measures once more:")

@@ -66,13 +66,11 @@ class Measured(NamedTuple):
     workers: list[float]
     vectorised: list[float]
     batch_speedup: float
-    @property
-    def speedups(self) -> list[float]:
-        """Each round's workers' epoch / vectorised epoch (below 1: vectorising is slower)."""
-        return [w / v for w, v in zip(self.workers, self.vectorised, strict=True)]
+
     @property
     def speedup(self) -> float:
-        return statistics.median(self.speedups)
+        """The median over rounds of workers' epoch / vectorised epoch (below 1: vectorising is slower)."""
+        return harness.median_ratio(self._asdict(), "workers", "vectorised")
 
 
 def measure(transform_batch: Callable[[np.ndarray], np.ndarray], rounds: int = ROUNDS) -> Measured:
