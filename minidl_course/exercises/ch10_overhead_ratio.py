@@ -112,15 +112,13 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
         high = number > every * 1.6  # else low: the hints for each side apply to it alone
         if high or number < every * 0.9:
             checks.fail(case, f"should be about {every:.3g} s per batch, but it is {number!r}", first_hint(
-                "stamp each batch's arrival; divide by the batches after the first." if high else
-                "divide by the batches after the first one: n - 1 for n batches.",
+                "stamp each arrival; divide by the batches after the first" + ("." if high else ": n - 1 for n."),
                 (high and abs(number * every - 1) < 0.4, "that is batches per second: return seconds per batch."),
                 (high and abs(number / 1000 / every - 1) < 0.4, harness.MILLISECONDS),
                 (high and start and number * batches >= (start + batches * every) * 0.8, "you included the wait for "
                  "the first batch (worker start): start the clock when the first batch arrives."),
                 (not high and number < every * 0.1, "time the whole loop over the loader, not one next() or iter()."),
-                (not high and 0.9 < number * batches / (batches - 1) / every < 1.3, "you divided by all n batches, "
-                 "but the clock ran n - 1 intervals.")))
+                (not high and 0.9 < number * batches / (batches - 1) / every < 1.3, "you divided by n, not n - 1.")))
         if harness.off_the_clock([number], [ours], CLOCK_FACTOR, 1e-6) is not None:
             checks.fail(case, _off("paced", number, ours), CLOCK_HINT)
         checks.passed += 1

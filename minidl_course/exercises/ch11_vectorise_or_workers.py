@@ -174,9 +174,9 @@ def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Che
                         harness.MILLISECONDS)
     harness.judge_figure(
         checks, case, "the ratio of your times", reported, [measured.speedup], SPEEDUP_FACTOR, "",
-        f"the ratio of your times is more than {SPEEDUP_FACTOR}x away from the median of the checker's rounds "
-        "(measured twice if the first disagreed)", "time whole epochs of both options in interleaved rounds, the "
-        "workers' loader created (and its workers started) inside the timed part, and report each option's median.",
+        f"it is more than {SPEEDUP_FACTOR}x from the median of the checker's rounds (measured twice if the first "
+        "disagreed)", "time whole epochs of both options in interleaved rounds, workers started inside the timed part, "
+        "and report each option's median.",
         f"your two times are swapped: 'workers' is the per-sample transform in {WORKERS} workers.")
     best, gap = ("vectorise", measured.speedup) if measured.speedup > 1 else ("workers", 1 / measured.speedup)
     if gap < BAND:
