@@ -162,13 +162,11 @@ def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks
 
 
 def check_answer_shape(faster: Any, checks: _Checks) -> None:
-    case, keys = f"faster = {faster!r}", list(WORKLOADS)
-    if not isinstance(faster, Mapping):
-        checks.fail(case, f"faster should be a dict, but it is {type(faster).__name__}",
-                    f"write a dict with the keys {keys}, each mapped to 'multiprocessing' or 'thread'.")
-    if set(faster) != set(WORKLOADS):
-        checks.fail(case, f"faster should have the keys {keys}, but it has {list(faster)}",
-                    "one answer per workload, under these names.")
+    case, mapping = f"faster = {faster!r}", isinstance(faster, Mapping)
+    if not mapping or set(faster) != set(WORKLOADS):
+        checks.fail(case, f"faster should be a dict with the keys {list(WORKLOADS)}, but it is "
+                    + (f"one with {list(faster)}" if mapping else type(faster).__name__),
+                    "write a dict with one answer per workload under these keys: 'multiprocessing' or 'thread'.")
     for name, answer in faster.items():
         if answer not in METHODS:
             checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {answer!r}", "DataLoader calls "
