@@ -1,6 +1,5 @@
-"""What the measuring checkers share: one rhythm (``measure_then_judge``), one harness of rotating rounds, and the
-checker's own clock (``Stopwatch``, ``off_the_clock``) that every figure of the learner's timing code is held to;
-then one verdict on a reported figure (``judge_figure``)."""
+"""What the measuring checkers share: one rhythm (``measure_then_judge``), rotating rounds, the checker's own clock
+(``Stopwatch``, ``off_the_clock``) that the learner's figures are held to, and one verdict on a figure."""
 
 from __future__ import annotations
 
@@ -19,8 +18,7 @@ K = TypeVar("K")
 
 def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], None], measure: Callable[[], M],
                        report: Callable[[M], str], judge: Callable[[M, _Checks], None]) -> M:
-    """Refuse a reference answer; check the answer's values before anything is timed; measure; print the report;
-    judge; print ``All N checks passed``."""
+    """Refuse a reference answer; check values before timing anything; measure, print the report, judge."""
     refuse_reference(*answers)
     checks = _Checks()
     check_first(checks)
@@ -39,16 +37,14 @@ class Rounds(dict):
         self.problem = problem
 
     def ratios(self, numerator: Any, denominator: Any) -> list[float]:
-        """``self[numerator][r] / self[denominator][r]`` for each round ``r``."""
         return [n / d for n, d in zip(self[numerator], self[denominator], strict=True)]
 
 
 def held_rounds(names: Sequence[K], rounds: int, run: Callable[[K], tuple[float, float | None]],
                 off: Callable[[K, float, float | None], str] | None = None, factor: float = 1.25,
                 slack: float = 2e-3, warmup: bool = False) -> Rounds:
-    """``run(name) -> (figure, the checker's seconds of the same work or None)`` per name per round, the order
-    rotating (after a warm-up call each, with ``warmup``); ``problem``: ``off(name, figure, ours)`` of the first
-    figure off the checker's clock."""
+    """``run(name) -> (figure, the checker's seconds or None)`` per name per round, the order rotating; ``problem``
+    is ``off(name, figure, ours)`` of the first figure off the checker's clock."""
     names = list(names)
     for name in names if warmup else []:
         run(name)
@@ -70,7 +66,6 @@ def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool 
         start = clock()
         fns[name]()
         return clock() - start, None
-
     return dict(held_rounds(fns, rounds, run, warmup=warmup))
 
 
@@ -88,18 +83,13 @@ class Stopwatch:
             self.calls.append((args, threading.get_ident(), start, self.clock()))
 
     def seconds(self, *args: Any) -> list[float]:
-        """The seconds of each call made with ``args``, in order."""
         return [end - start for a, _, start, end in self.calls if a == args]
 
 
 def off_the_clock(yours: Sequence[float], ours: Sequence[float], factor: float = 1.25,
                   slack: float = 2e-3) -> int | None:
-    """The first of the learner's times not within ``factor`` and ``slack`` seconds of the checker's time of the same
-    call (the last ``len(yours)``); None when all agree. A time with no call behind it disagrees.
-
-    >>> off_the_clock([0.10, 0.21], [0.5, 0.1, 0.2]), off_the_clock([0.1, 0.1], [0.1, 0.3]), off_the_clock([1.0], [])
-    (None, 1, 0)
-    """
+    """The first of your times not within ``factor`` and ``slack`` seconds of the checker's time of the same call
+    (the last ``len(yours)``), or None; a time with no call behind it disagrees."""
     ours = list(ours)[-len(yours):] if yours else []
     for r, y in enumerate(yours):
         if r >= len(ours) or not ours[r] / factor - slack <= y <= ours[r] * factor + slack:
@@ -124,11 +114,7 @@ def as_number(value: Any) -> float | None:
 
 
 def positive_numbers(got: Any, count: int | None = None) -> list[float] | None:
-    """``got`` as a list of positive floats (``count`` of them, if given); None when it is not one.
-
-    >>> positive_numbers((1, 2.5)), positive_numbers([1, -1]), positive_numbers([1], count=2), positive_numbers(3)
-    ([1.0, 2.5], None, None, None)
-    """
+    """``got`` as a list of positive floats (``count`` of them, if given); None when it is not one."""
     numbers = [as_number(x) for x in got] if isinstance(got, list | tuple) else [None]
     ok = all(x is not None and x > 0 for x in numbers) and count in (None, len(numbers))
     return numbers if ok else None
@@ -140,11 +126,7 @@ def close(reported: float, measured: float, factor: float) -> bool:
 
 
 def typed(value: float) -> bool:
-    """True when ``value`` has at most three decimals: typed in or rounded, never a ratio of clock readings.
-
-    >>> typed(1.9), typed(2.0), typed(1.8834521977), typed(0.6 / 0.31)
-    (True, True, False, False)
-    """
+    """At most three decimals: typed in or rounded, never a ratio of clock readings."""
     return abs(value - round(value, 3)) < 1e-12
 
 
@@ -155,9 +137,8 @@ TYPED = ("report the number your code computed, unrounded (a number typed in, or
 
 def judge_figure(checks: _Checks, case: str, name: str, value: Any, targets: Sequence[float], factor: float,
                  how: str, off: str, hint: str, other_way: str, guesses: Mapping[float, str] | None = None) -> None:
-    """The verdict on a reported figure: a positive number (else ``how``), as code computes it (a typed or rounded
-    one gets ``guesses[value]`` or ``TYPED``), within ``factor`` of one of ``targets`` (else ``off``, with
-    ``other_way`` when its inverse fits, ``hint`` otherwise)."""
+    """A positive number (else ``how``), unrounded (else ``guesses[value]`` or ``TYPED``), within ``factor`` of a
+    target (else ``off``, with ``other_way`` when its inverse fits, else ``hint``)."""
     number = as_number(value)
     if number is None or number <= 0:
         checks.fail(case, f"{name} should be a positive number, but it is {value!r}", how)
@@ -181,10 +162,6 @@ def unless_close(measure: Callable[[], M], reported: Any, figure: Callable[[M], 
 
 
 def agrees(reported: float, per_round: Sequence[float], factor: float) -> bool:
-    """True when ``reported`` lies within ``factor`` of the range the checker's rounds spanned.
-
-    >>> agrees(1.3, [0.95, 0.97, 0.96], 1.3), agrees(1.3, [0.95, 1.05, 1.4], 1.3)
-    (False, True)
-    """
+    """``reported`` lies within ``factor`` of the range the checker's rounds spanned."""
     rounds = [r for r in per_round if r > 0]
     return bool(rounds) and reported > 0 and min(rounds) / factor <= reported <= max(rounds) * factor

@@ -1,6 +1,5 @@
-"""Checker for exercise ch01: a Numba kernel that releases the GIL, and the speedup two threads get from it. It runs
-``thread_speedups`` on two stand-in kernels of known speedup, then on the learner's, and holds every figure to the
-rounds ``one_thread`` and ``two_threads`` clocked; ``speedup`` to the rounds the learner's own cell ran."""
+"""Checker for exercise ch01: a Numba kernel that releases the GIL, and two threads' speedup from it, every figure
+held to the rounds ``one_thread`` and ``two_threads`` clocked."""
 
 from __future__ import annotations
 
@@ -10,9 +9,9 @@ import statistics
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NamedTuple
 
 from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_hint
@@ -24,10 +23,9 @@ SPEEDUP_FACTOR = 1.05  # your speedup may be this far from the median of your la
 STANDIN_SECONDS = 0.05  # how long each half of a stand-in kernel sleeps, when a timing function is checked
 STANDIN_ROUNDS = 3
 CASES = [(1, 3), (1, 8), (1, 2), (27, 28), (2, 3), (100, 200), (1, 1000), (5000, 5001), (999, 1000), (10, 10)]
-# Every run of one_thread or two_threads, on the checker's clock: (kernel, threads, start, stop, seconds).
-RUNS: deque[tuple[Any, int, int, int, float]] = deque(maxlen=4096)
-OTHER_WAY = ("you divided the other way round: speedup = one thread's time / two threads' time, above 1 if threads "
-             "help.")
+RUNS: deque[tuple[Any, int, int, int, float]] = deque(maxlen=4096)  # (kernel, threads, start, stop, seconds) a run
+OTHER_WAY = "you divided the other way round: speedup = one thread's time / two threads' time, above 1 if threads help."
+BOTH_WAYS = "one_thread(kernel, 1, 1 + span) and two_threads(kernel, 1, 1 + span)"
 
 
 def collatz_steps_python(start: int, stop: int) -> int:
@@ -46,18 +44,9 @@ def collatz_steps_python(start: int, stop: int) -> int:
 
 def two_threads(kernel: Callable[[int, int], Any], start: int, stop: int) -> list[Any]:
     """Run ``kernel`` on the two halves of ``start .. stop - 1`` in two threads at once; their results in order."""
-    middle, results = (start + stop) // 2, [None, None]
-
-    def half(k: int, a: int, b: int) -> None:
-        results[k] = kernel(a, b)
-
-    began = time.perf_counter()
-    threads = [threading.Thread(target=half, args=(0, start, middle)),
-               threading.Thread(target=half, args=(1, middle, stop))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    middle, began = (start + stop) // 2, time.perf_counter()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(kernel, (start, middle), (middle, stop)))
     RUNS.append((kernel, 2, start, stop, time.perf_counter() - began))
     return results
 
@@ -71,8 +60,8 @@ def one_thread(kernel: Callable[[int, int], Any], start: int, stop: int) -> list
 
 
 def logged_rounds(kernel: Any, runs: Any = RUNS) -> list[float]:
-    """The speedups of the rounds ``one_thread`` and ``two_threads`` ran ``kernel`` in, on the checker's clock: a
-    round is a one-thread run and a two-thread run of the same span, one right after the other."""
+    """The speedups of the rounds the helpers ran ``kernel`` in, on the checker's clock: a round is a one-thread run
+    and a two-thread run of the same span, one right after the other."""
     mine, rounds, k = [r for r in runs if r[0] is kernel], [], 0
     while k + 1 < len(mine):
         (_, n, a, b, s), (_, m, c, d, t) = mine[k], mine[k + 1]
@@ -83,55 +72,38 @@ def logged_rounds(kernel: Any, runs: Any = RUNS) -> list[float]:
     return rounds
 
 
-@dataclass(frozen=True)
-class Measured:
-    """Your ``thread_speedups`` on your kernel per round; the GIL test; the same rounds on the checker's clock, and
-    what your timing left out; your notebook's rounds on your kernel, on the checker's clock."""
-
+class Measured(NamedTuple):
+    """Your thread_speedups' rounds on your kernel, the GIL test, and the checker's clock of both."""
     speedups: list[float]
     python_progress: float  # the part of the kernel's run during which a Python thread made progress
     work: int  # integers per half
-    clocked: list[float] = field(default_factory=list)
-    problem: str = ""
-    yours: list[float] = field(default_factory=list)
+    clocked: Sequence[float] = ()  # the same rounds on the checker's clock
+    problem: str = ""  # what your timing left out
+    yours: Sequence[float] = ()  # your notebook's rounds on your kernel, on the checker's clock
 
     @property
     def speedup(self) -> float:
         return statistics.median(self.speedups)
 
 
-def calibrate(kernel: Callable[[int, int], Any], seconds: float = KERNEL_SECONDS) -> int:
-    """How many integers ``kernel`` gets through in about ``seconds`` (after a first, compiling call)."""
-    kernel(1, 100)
-    n = 1000
-    while True:
-        start = time.perf_counter()
-        kernel(1, 1 + n)
-        took = time.perf_counter() - start
-        if took > 0.02 or n > 1 << 26:
-            return max(1000, int(n * seconds / max(took, 1e-9)))
+def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
+            rounds: int = ROUNDS) -> Measured:
+    """The GIL test on a span the kernel takes about ``KERNEL_SECONDS`` a half for, then ``thread_speedups(kernel,
+    span, rounds)`` on it, its rounds clocked by the helpers."""
+    yours, n, took = logged_rounds(kernel), 250, 0.0  # the notebook's rounds, before the checker runs any
+    kernel(1, 100)  # compiled, before it is timed
+    while took <= 0.02 and n <= 1 << 26:
         n *= 4
-
-
-def python_progress(kernel: Callable[[int, int], Any], work: int) -> float:
-    """The part of one ``kernel(1, 1 + work)`` call during which this (Python) thread kept counting, at the rate it
-    counts alone: near 0 for a kernel that holds the GIL, near 1 for one that releases it."""
-    def count_while(thread: threading.Thread) -> float:
+        took = harness.interleaved({"kernel": functools.partial(kernel, 1, 1 + n)}, 1, warmup=False)["kernel"][0]
+    work = max(1000, int(n * KERNEL_SECONDS / max(took, 1e-9)))
+    def count_while(thread: threading.Thread) -> float:  # how fast this (Python) thread counts while ``thread`` runs
         count, start = 0, time.perf_counter()
         thread.start()
         while thread.is_alive():
             count += 1
         return count / (time.perf_counter() - start)
-
     alone = count_while(threading.Thread(target=time.sleep, args=(0.05,)))
-    return min(1.0, count_while(threading.Thread(target=kernel, args=(1, 1 + work))) / alone)
-
-
-def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
-            rounds: int = ROUNDS) -> Measured:
-    """The GIL test, then ``thread_speedups(kernel, span, rounds)``, its rounds clocked by the helpers."""
-    yours, work = logged_rounds(kernel), calibrate(kernel)  # the notebook's rounds, before the checker runs any
-    progress = python_progress(kernel, work)
+    progress = min(1.0, count_while(threading.Thread(target=kernel, args=(1, 1 + work))) / alone)
     rounds = rounds if progress >= GIL_FREE_FRACTION else 1  # it holds the GIL: threads can't overlap
     mine = functools.partial(kernel)  # the kernel under a name of its own: the runs logged under it are this call's
     got = call(thread_speedups, mine, 2 * work, rounds, what="thread_speedups", case="your kernel")
@@ -145,9 +117,7 @@ def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callab
 
 
 def _standin(hold: Any, start: int, stop: int) -> int:
-    """A kernel of known speedup whatever the load: it sleeps in proportion to its range, releasing the GIL (two
-    threads overlap: x2) or holding a lock, as a kernel holding the GIL would (they take turns: x1)."""
-    with hold:
+    with hold:  # a kernel of known speedup: two threads sleep at once (x2), or take turns on a lock (x1)
         time.sleep((stop - start) * STANDIN_SECONDS / 1000)
     return 0
 
@@ -160,17 +130,14 @@ STANDINS = ((functools.partial(_standin, contextlib.nullcontext()), 2.0,
 
 def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
                 speedup: Any, measure: Callable[[Callable, Callable], Measured] = measure) -> Measured:
-    """Check ch01: the kernel's output, ``thread_speedups(kernel, span, rounds)`` (on two stand-in kernels of known
-    speedup, then on yours), that the kernel releases the GIL, and ``speedup``. Prints what it measured; raises
-    AssertionError at the first problem, with a hint."""
+    """Check ch01: the kernel's output, ``thread_speedups(kernel, span, rounds)`` (on two stand-ins of known speedup,
+    then on yours), the GIL test, and ``speedup``. Prints what it measured; raises AssertionError with a hint."""
     def report(m: Measured) -> str:
+        two = [", ".join(f"{x:.2f}" for x in xs) for xs in (m.speedups, m.clocked, m.yours[-12:])]
         return (f"Measured: a Python thread ran during {m.python_progress:.0%} of the kernel's run; your "
-                f"thread_speedups on your kernel ({m.work:,} integers per thread), per round: "
-                + ", ".join(f"{x:.2f}" for x in m.speedups) + "; on the checker's clock: "
-                + ", ".join(f"{x:.2f}" for x in m.clocked) + (f"; median {m.speedup:.2f}x" if m.speedups else "")
-                + "; the rounds your notebook ran on your kernel, on the checker's clock: "
-                + (", ".join(f"{x:.2f}" for x in m.yours[-12:]) or "none"))
-
+                f"thread_speedups on your kernel ({m.work:,} integers per thread), per round: {two[0]}; on the "
+                f"checker's clock: {two[1]}" + (f"; median {m.speedup:.2f}x" if m.speedups else "")
+                + f"; the rounds your notebook ran on your kernel, on the checker's clock: {two[2] or 'none'}")
     return harness.measure_then_judge(
         [kernel, thread_speedups], lambda checks: (check_output(kernel, checks), check_timer(thread_speedups, checks)),
         lambda: measure(kernel, thread_speedups), report, lambda m, checks: judge(kernel, speedup, m, checks))
@@ -182,19 +149,15 @@ def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _C
         got = call(thread_speedups, standin, 2000, STANDIN_ROUNDS, what="thread_speedups", case=case)
         ratios = harness.positive_numbers(got, STANDIN_ROUNDS)
         if ratios is None:
-            checks.fail(case, f"thread_speedups returned one number, {got!r}" if harness.as_number(got) is not None else
-                        f"thread_speedups(kernel, 2000, {STANDIN_ROUNDS}) should return {STANDIN_ROUNDS} positive "
-                        f"numbers, one per round, but it returned {got!r}", "return the list of the rounds' speedups "
-                        "(one per round, time both ways in each of `rounds` rounds); speedup is their median.")
+            checks.fail(case, f"thread_speedups(kernel, 2000, {STANDIN_ROUNDS}) should return {STANDIN_ROUNDS} "
+                        f"positive numbers, but it returned {got!r}", "return the list of the rounds' speedups, one "
+                        "per round; speedup is their median.")
         median = statistics.median(ratios)
         if not (1.4 <= median <= 2.6 if want == 2 else 0.7 <= median <= 1.3):  # wide: a busy machine wakes late
-            checks.fail(case, f"its speedup is about x{want:g}, but your thread_speedups gave a median of "
-                        f"{median:.2f}", first_hint(
-                "time the same span both ways in each round: one_thread(kernel, 1, 1 + span) and two_threads(kernel, "
-                "1, 1 + span); each round's ratio is one thread's time / two threads' time.",
-                (want == 2 and 1 / 2.6 <= median <= 1 / 1.4, OTHER_WAY),
-                (want == 1, "two threads that take turns can't beat one: measure each round's times, don't assume a "
-                 "speedup.")))
+            checks.fail(case, f"its speedup is about x{want:g}, but your thread_speedups gave a median of {median:.2f}",
+                        first_hint(f"time {BOTH_WAYS} in each round; its ratio is one thread's time / two threads'.",
+                                   (want == 2 and 1 / 2.6 <= median <= 1 / 1.4, OTHER_WAY),
+                                   (want == 1, "two threads that take turns can't beat one: time each round.")))
         checks.passed += 1
 
 
@@ -206,51 +169,41 @@ def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
             checks.fail(case, f"should be {want}, but it is {got!r}", first_hint(
                 "count the steps of every n in range(start, stop), until n reaches 1.",
                 (got == collatz_steps_python(start, stop + 1), "stop is excluded, as in range(start, stop)."),
-                (got == want + (stop - start), "you count one step too many per number: a number that is already 1 "
-                 "takes 0 steps.")))
+                (got == want + (stop - start), "you count one step too many per number: 1 itself takes 0 steps.")))
         checks.passed += 1
 
 
 def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict, from the measurement alone: the kernel compiled with ``nogil=True`` (a fact whatever the load;
-    the counting thread's share is printed, not judged); each of your rounds within 1.25x of the same round on the
-    checker's clock; ``speedup`` your code's number, within ``SPEEDUP_FACTOR`` of the median of your notebook's
-    latest rounds (3 or more) on the checker's clock."""
+    """From the measurement alone: the kernel compiled with ``nogil=True``, each of your rounds within 1.25x of the
+    checker's clock, ``speedup`` within ``SPEEDUP_FACTOR`` of the median of your notebook's latest 3+ rounds."""
     checks, options, rounds = checks or _Checks(), getattr(kernel, "targetoptions", None), measured.yours
     if not (options or {}).get("nogil"):
-        checks.fail("the GIL test: a Python thread counting while your kernel runs in another",
-                    f"the Python thread ran during {measured.python_progress:.0%} of your kernel's run, and your "
-                    f"kernel {'was compiled without nogil=True' if options is not None else 'is not compiled'}",
-                    "compile it with @numba.njit(nogil=True): without nogil, Numba's code keeps the GIL while it runs."
-                    if options is not None else "your kernel is plain Python, which holds the GIL: compile it with "
+        why = ("your kernel was compiled without nogil=True: without nogil, Numba's code keeps the GIL" if options
+               is not None else "your kernel is plain Python, which holds the GIL")
+        checks.fail("the GIL test: a Python thread counting while your kernel runs in another", f"the Python thread "
+                    f"ran during {measured.python_progress:.0%} of your kernel's run", f"{why}; compile it with "
                     "@numba.njit(nogil=True) (no Python objects inside).")
     checks.passed += 1
-    case = "your thread_speedups on your kernel, against the same rounds on the checker's clock"
-    if not measured.speedups:
-        checks.fail(case, "your thread_speedups returned no list of positive numbers for your kernel",
-                    "return one speedup per round, as it did for the stand-in kernels.")
-    if measured.problem:
-        checks.fail(case, measured.problem, "time every round: time one_thread(kernel, 1, 1 + span) and two_threads("
-                    "kernel, 1, 1 + span) in each round; a round timed once and its ratio repeated is one "
-                    "measurement, not several.")
     r = harness.off_the_clock(measured.speedups, measured.clocked, slack=0)
-    if r is not None:
-        checks.fail(case, f"round {r + 1}: your thread_speedups says x{measured.speedups[r]:.2f}, but the kernel's "
-                    f"calls in that round give " + (f"x{measured.clocked[r]:.2f}" if r < len(measured.clocked) else
-                                                    "no round"), "time each run with time.perf_counter() just "
-                    "before and just after it, and divide one thread's time by two threads' time of the same round.")
-    if not rounds:
-        checks.fail(case, "one_thread and two_threads never ran your kernel in this notebook", "in thread_speedups, "
-                    "time one_thread(kernel, 1, 1 + span) and two_threads(kernel, 1, 1 + span); run it on your kernel "
-                    "and set speedup to the median of what it returned.")
+    off = r is not None and (f"round {r + 1}: your thread_speedups says x{measured.speedups[r]:.2f}, but the kernel's "
+                             "calls in that round give " + (f"x{measured.clocked[r]:.2f}" if r < len(measured.clocked)
+                                                            else "no round"))
+    checks.first(
+        "your thread_speedups on your kernel, against the checker's clock",
+        (not measured.speedups, "your thread_speedups returned no list of positive numbers for your kernel",
+         "return one speedup per round, as it did for the stand-in kernels."),
+        (measured.problem, measured.problem, f"time every round: time {BOTH_WAYS} in each; one round's ratio "
+         "repeated is one measurement, not several."),
+        (off, off, "time each run with time.perf_counter() just before and after it; divide one thread's time by two "
+         "threads' time of the same round."),
+        (not rounds, "one_thread and two_threads never ran your kernel in this notebook", f"in thread_speedups, time "
+         f"{BOTH_WAYS}; run it on your kernel and set speedup to the median of what it returned."))
     checks.passed += 1
     harness.judge_figure(
         checks, f"your speedup, {speedup!r}, against the rounds your cell timed", "speedup", speedup,
         [statistics.median(rounds[-k:]) for k in range(min(3, len(rounds)), len(rounds) + 1)], SPEEDUP_FACTOR,
-        "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).",
-        "your notebook's rounds on your kernel, as one_thread and two_threads clocked them, were "
-        + ", ".join(f"x{x:.2f}" for x in rounds[-8:]) + f": {speedup} is more than {SPEEDUP_FACTOR}x from "
-        "the median of the last 3 or more of them",
-        "set speedup from what your thread_speedups returned (the median of its rounds), not a number from "
-        "elsewhere; if you ran it again since, take the median of the new rounds.", OTHER_WAY,
-        {2.0: "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."})
+        "set speedup = statistics.median(thread_speedups(collatz_steps, span, rounds)).", "your notebook's rounds on "
+        "your kernel, on the checker's clock, were " + ", ".join(f"x{x:.2f}" for x in rounds[-8:]) + f": {speedup} is "
+        f"more than {SPEEDUP_FACTOR}x from the median of the last 3 or more", "set speedup from what your "
+        "thread_speedups returned (the median of its rounds), not a number from elsewhere, or from an older run.",
+        OTHER_WAY, {2.0: "2.0 is the ideal on 2 free cores, not what this machine gave: report what you measured."})

@@ -1,6 +1,5 @@
-"""Checker for exercise ch09: threads or processes, for two workloads, decided by measuring. The learner's
-``time_methods(run_epoch, rounds)`` runs on a stand-in of known epoch times, then on an epoch of each workload, every
-call on the checker's clock; where the two methods are within ``BAND``, in the median or any round, either passes."""
+"""Checker for exercise ch09: threads or processes for two workloads, decided by measuring. The learner's
+``time_methods(run_epoch, rounds)`` runs on a stand-in of known times, then on each workload, on the checker's clock."""
 
 from __future__ import annotations
 
@@ -22,16 +21,14 @@ METHODS = ("multiprocessing", "thread")
 WORKLOADS = ("python_loop", "sleep_numpy")
 BAND = 1.15  # when the slower one takes less than BAND x the faster one's time, either answer is accepted
 ROUNDS = 3
-CLOCK_HINT = ("time each run_epoch(method) call with time.perf_counter() just before and just after it, in every "
-              "round, and return those times: the checker clocks the same calls, and a number made up, reused or "
-              "typed in does not match them.")
+CLOCK_HINT = ("time each run_epoch(method) call with time.perf_counter() just before and just after it, every round, "
+              "and return those times: the checker clocks the same calls, and a made-up or reused number won't match.")
 STANDIN_SECONDS = {"multiprocessing": 0.08, "thread": 0.04}  # the stand-in's epoch times: threads twice as fast
 WHY = {  # why the usual answer holds, where this machine measured it too
     ("python_loop", "multiprocessing"): "a pure-Python loop holds the GIL, so two threads take turns on one core; "
                                         "two processes each have their own interpreter and GIL.",
     ("sleep_numpy", "thread"): "sleeping (like reading a file) and NumPy release the GIL, so threads overlap as well "
-                               "as processes do, without starting processes or sending arrays between them.",
-}
+                               "as processes do, without starting processes or sending arrays between them."}
 
 
 class PythonLoopDataset(toy.RangeDataset):
@@ -69,34 +66,19 @@ def make_datasets() -> dict[str, Dataset]:
 
 def epoch(dataset: Dataset, worker_method: str, num_workers: int = 2) -> None:
     """One epoch of ``minidl.DataLoader(dataset, batch_size=4, num_workers=2, worker_method=...)``, workers started."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         for _ in DataLoader(dataset, batch_size=4, num_workers=num_workers, worker_method=worker_method):
             pass
 
 
 class Measured(harness.Rounds):
-    """``{workload: {method: [seconds per round]}}`` as your time_methods measured it, and ``problem``: where it first
-    left the checker's clock ("" if nowhere)."""
+    """``{workload: {method: [seconds per round]}}`` as your time_methods measured it, and ``problem``."""
 
-    def median(self, workload: str, method: str) -> float:
-        return statistics.median(self[workload][method])
-
-    def faster(self, workload: str) -> str:
-        return min(METHODS, key=lambda m: self.median(workload, m))
-
-    def gap(self, workload: str) -> float:
-        """The slower method's median time over the faster one's (1.0: a tie)."""
-        return max(self.median(workload, m) for m in METHODS) / self.median(workload, self.faster(workload))
-
-    def round_gaps(self, workload: str) -> list[float]:
-        """Round by round, the other method's time over the faster one's (below 1 where that round disagrees)."""
-        best = self.faster(workload)
-        return harness.Rounds(self[workload]).ratios(METHODS[1 - METHODS.index(best)], best)
-
-    def refuses(self, workload: str, answer: str) -> bool:
-        """Whether ``judge`` would refuse ``answer``: a clear gap, in the median and every round, the other way."""
-        return min(self.gap(workload), *self.round_gaps(workload)) >= BAND and answer != self.faster(workload)
+    def verdict(self, workload: str) -> tuple[str, float, list[float]]:
+        """The faster method; the other's median time over its (1.0: a tie), and round by round (below 1: disagrees)."""
+        medians = {m: statistics.median(self[workload][m]) for m in METHODS}
+        best, other = sorted(METHODS, key=medians.get)
+        return best, medians[other] / medians[best], harness.Rounds(self[workload]).ratios(other, best)
 
 
 def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: str) -> tuple[Any, Any, str]:
@@ -110,8 +92,7 @@ def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: 
         return got, None, ""
     for method, yours in seconds.items():
         ours = watch.seconds(method)
-        r = harness.off_the_clock(yours, ours)
-        if r is not None:
+        if (r := harness.off_the_clock(yours, ours)) is not None:
             took = (f"took {ours[r - len(yours)]:.3f} s" if len(ours) >= len(yours) else
                     f"was made {len(ours)} times for {len(yours)} rounds")
             return got, seconds, (f"your time_methods says round {r + 1} of {method!r} took {yours[r]:.3f} s, "
@@ -135,23 +116,20 @@ def measure(time_methods: Callable[[Callable[[str], Any], int], Any], rounds: in
 
 def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faster: Any,
                  measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch09: ``time_methods(run_epoch, rounds)`` times both methods right (on a stand-in whose epoch times are
-    known, then on an epoch of each workload), and ``faster`` maps each workload to the worker_method it measured
-    faster there. Prints what it measured; raises AssertionError at the first problem, with a hint."""
+    """Check ch09: ``time_methods(run_epoch, rounds)`` times both methods right (on a stand-in, then on each workload),
+    and ``faster`` maps each workload to the worker_method it measured faster. Raises AssertionError with a hint."""
     def report(measured: Measured) -> str:
         return "\n".join(f"Measured by your time_methods, {name}: "
-                         + ", ".join(f"{m} {measured.median(name, m) * 1e3:.0f} ms" for m in METHODS)
+                         + ", ".join(f"{m} {statistics.median(measured[name][m]) * 1e3:.0f} ms" for m in METHODS)
                          + f" per epoch (median of {len(measured[name][METHODS[0]])} rounds)" for name in WORKLOADS)
-
     def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
-        # Your cell measured before this one: if the machine got busier or quieter since, a clear gap can change
-        # sides. So an answer the first measurement refuses is judged again on a second one, which must agree.
-        if not measured.problem and any(measured.refuses(name, faster[name]) for name in WORKLOADS):
+        # the load may have changed since your cell measured: an answer refused is judged again on a second measurement
+        if not measured.problem and any(min(gap, *rounds) >= BAND and faster[name] != best for name in WORKLOADS
+                                        for best, gap, rounds in [measured.verdict(name)]):
             print("Your answer differs from this measurement, so the checker measures once more:")
             measured = measure(time_methods)
             print(report(measured))
         judge(faster, measured, checks)
-
     return harness.measure_then_judge(
         [time_methods], lambda checks: (check_answer_shape(faster, checks), check_timer(time_methods, checks)),
         lambda: measure(time_methods), report, judge_again_if_refused)
@@ -159,47 +137,41 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
 
 def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks: _Checks) -> None:
     """Your ``time_methods`` on a stand-in ``run_epoch`` that sleeps 80 ms for processes and 40 ms for threads."""
-    case = (f"a stand-in run_epoch(method) that sleeps {STANDIN_SECONDS['multiprocessing'] * 1e3:.0f} ms for "
-            f"'multiprocessing' and {STANDIN_SECONDS['thread'] * 1e3:.0f} ms for 'thread'")
+    case = "a stand-in run_epoch(method) that sleeps " + " and ".join(f"{s * 1e3:.0f} ms for {m!r}"
+                                                                      for m, s in STANDIN_SECONDS.items())
     got, seconds, problem = timed(time_methods, lambda method: time.sleep(STANDIN_SECONDS[method]), ROUNDS, case)
     if seconds is None:
         checks.fail(case, f"time_methods(run_epoch, {ROUNDS}) should return {{method: [seconds of each round]}} for "
                     f"{list(METHODS)}, {ROUNDS} positive numbers each, but it returned {_short(got)}",
                     "one list per method, one epoch time per round, in seconds.")
     medians = {m: statistics.median(seconds[m]) for m in METHODS}
-
     def near(want: Callable[[str], float], scale: float = 1) -> bool:  # every median near want(method)
         return all(0.8 * want(m) <= medians[m] / scale <= 2 * want(m) for m in METHODS)
-
     if not near(STANDIN_SECONDS.get):
-        checks.fail(case, "your medians are " + ", ".join(f"{m} {medians[m] * 1e3:.0f} ms" for m in METHODS),
-                    first_hint(
-            "time each run_epoch(method) call alone, with time.perf_counter() just before and just after it.",
-            (near(lambda m: STANDIN_SECONDS[METHODS[1 - METHODS.index(m)]]), "your times are under the wrong method: "
-             "keep each epoch's time under the method that ran it."),
+        swapped = near(lambda m: STANDIN_SECONDS[METHODS[1 - METHODS.index(m)]])
+        summed = all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:]))
+        said = ", ".join(f"{m} {t * 1e3:.0f} ms" for m, t in medians.items())
+        checks.fail(case, f"your medians are {said}", first_hint(
+            "time each run_epoch(method) call alone, with time.perf_counter() just before and after it.",
+            (swapped, "your times are under the wrong method: keep each epoch's time under the method that ran it."),
             (near(STANDIN_SECONDS.get, 1000), harness.MILLISECONDS),
-            (all(b - a >= 0.8 * sum(STANDIN_SECONDS.values()) for t in seconds.values() for a, b in zip(t, t[1:])),
-             "each time includes the rounds before it: read time.perf_counter() again just before each run_epoch "
-             "call, not once at the start.")))
+            (summed, "each time includes the rounds before it: restart the clock just before each run_epoch call.")))
     if problem:
         checks.fail(case, f"the stand-in: {problem}", CLOCK_HINT)
     checks.passed += 1
 
 
 def check_answer_shape(faster: Any, checks: _Checks) -> None:
-    case, keys = f"faster = {faster!r}", list(WORKLOADS)
-    if not isinstance(faster, Mapping):
-        checks.fail(case, f"faster should be a dict, but it is {type(faster).__name__}",
-                    f"write a dict with the keys {keys}, each mapped to 'multiprocessing' or 'thread'.")
-    if set(faster) != set(WORKLOADS):
-        checks.fail(case, f"faster should have the keys {keys}, but it has {list(faster)}",
-                    "one answer per workload, under these names.")
+    case, mapping = f"faster = {faster!r}", isinstance(faster, Mapping)
+    if not mapping or set(faster) != set(WORKLOADS):
+        checks.fail(case, f"faster should be a dict with the keys {list(WORKLOADS)}, but it is "
+                    + (f"one with {list(faster)}" if mapping else type(faster).__name__),
+                    "write a dict with one answer per workload under these keys: 'multiprocessing' or 'thread'.")
     for name, answer in faster.items():
         if answer not in METHODS:
-            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {answer!r}",
-                        "DataLoader calls processes worker_method='multiprocessing'; write that."
-                        if str(answer).lower().startswith("process")
-                        else "use the names DataLoader's worker_method takes: 'multiprocessing' or 'thread'.")
+            checks.fail(case, f"faster[{name!r}] should be one of {METHODS}, but it is {answer!r}", "DataLoader calls "
+                        "processes worker_method='multiprocessing'." if str(answer).lower().startswith("process") else
+                        "use the names DataLoader's worker_method takes.")
     checks.passed += 1
 
 
@@ -207,10 +179,9 @@ def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None 
     """The verdict on each answer, from what your ``time_methods`` measured in the check alone."""
     checks = checks or _Checks()
     if measured.problem:
-        checks.fail("your time_methods on the two workloads, against the checker's clock", measured.problem,
-                    CLOCK_HINT)
+        checks.fail("your time_methods on the workloads, against the checker's clock", measured.problem, CLOCK_HINT)
     for name in WORKLOADS:
-        best, gap, rounds = measured.faster(name), measured.gap(name), measured.round_gaps(name)
+        best, gap, rounds = measured.verdict(name)
         if gap < BAND:
             print(f"{name}: the two are within {BAND}x of each other here ({gap:.2f}x), so either answer is accepted")
         elif min(rounds) < BAND:  # a busy machine: one round says otherwise, or nearly; no verdict to hold you to
@@ -219,8 +190,7 @@ def judge(faster: Mapping[str, str], measured: Measured, checks: _Checks | None 
                   "rounds agree)")
         elif faster[name] != best:
             checks.fail(f"{name}: you answered {faster[name]!r}; your time_methods measured {best!r} faster by "
-                        f"{gap:.2f}x", f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", WHY.get(
-                            (name, best), f"your own time_methods measured {best!r} faster in every round here: "
-                            "answer what this machine measured, not what you expected (process workers lose where "
-                            "the cores are few or busy: their start-up is then all they add)"))
+                        f"{gap:.2f}x", f"{faster[name]!r} was {gap:.2f}x slower than {best!r}", WHY.get((name, best), (
+                            f"your time_methods measured {best!r} faster in every round: answer what this machine "
+                            "measured, not what you expected (processes lose where cores are few or busy)")))
         checks.passed += 1

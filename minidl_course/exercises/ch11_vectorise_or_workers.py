@@ -1,6 +1,5 @@
 """Checker for ch11: vectorise a transform, or add workers? ``transform_batch`` must give ``per_sample_transform``'s
-values in a few whole-array operations; the checker times an epoch both ways itself, and holds the learner's times
-and choice to its rounds."""
+values in a few whole-array operations; the learner's times and choice are held to the checker's own rounds."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ import statistics
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,8 +50,7 @@ class ImageDataset(TensorDataset):
 
 def workers_epoch(images: np.ndarray, num_workers: int = WORKERS) -> None:
     """Option 1: the per-sample transform inside the dataset, ``num_workers`` worker processes (one per core)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with warnings.catch_warnings(action="ignore"):
         for _ in DataLoader(ImageDataset(images), batch_size=BATCH, num_workers=num_workers, collate_fn=np.stack):
             pass
 
@@ -64,22 +61,16 @@ def vectorised_epoch(images: np.ndarray, transform_batch: Callable[[np.ndarray],
         transform_batch(batch)
 
 
-@dataclass(frozen=True)
-class Measured:
-    """Each option's seconds per epoch, a round each, and transform_batch's speed-up over the loop on one batch;
-    ``speedup`` is the median of the rounds' workers' epoch / vectorised epoch (below 1: vectorising is slower)."""
-
+class Measured(NamedTuple):
+    """Each option's seconds per epoch, a round each, and transform_batch's speed-up over the loop on one batch."""
     workers: list[float]
     vectorised: list[float]
     batch_speedup: float
 
     @property
-    def speedups(self) -> list[float]:
-        return [w / v for w, v in zip(self.workers, self.vectorised, strict=True)]
-
-    @property
     def speedup(self) -> float:
-        return statistics.median(self.speedups)
+        """The median over rounds of workers' epoch / vectorised epoch (below 1: vectorising is slower)."""
+        return harness.median_ratio(self._asdict(), "workers", "vectorised")
 
 
 def measure(transform_batch: Callable[[np.ndarray], np.ndarray], rounds: int = ROUNDS) -> Measured:
@@ -89,8 +80,7 @@ def measure(transform_batch: Callable[[np.ndarray], np.ndarray], rounds: int = R
                                "batch": lambda: transform_batch(batch)}, rounds=5)
     times = harness.interleaved({"workers": lambda: workers_epoch(images),
                                  "vectorised": lambda: vectorised_epoch(images, transform_batch)}, rounds=rounds)
-    return Measured(times["workers"], times["vectorised"],
-                    statistics.median(one["loop"]) / statistics.median(one["batch"]))
+    return Measured(times["workers"], times["vectorised"], harness.median_ratio(one, "loop", "batch"))
 
 
 def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds: Any, choice: Any,
@@ -109,7 +99,6 @@ def check_decision(transform_batch: Callable[[np.ndarray], np.ndarray], seconds:
         if choice not in ("vectorise", "workers"):
             checks.fail(case, f"choice should be one of ('vectorise', 'workers'), but it is {choice!r}")
         checks.passed += 1
-
     return harness.measure_then_judge(
         [transform_batch], check_first,
         lambda: harness.unless_close(lambda: measure(transform_batch), float(seconds["workers"]) / float(
@@ -134,36 +123,34 @@ def check_transform(transform_batch: Callable[[np.ndarray], np.ndarray], checks:
             checks.fail(case, f"should return a numpy.ndarray, but it returned {type(got).__name__}")
         if got.shape != want.shape:
             checks.fail(case, f"the result should have shape {want.shape}, but it has {got.shape}", "channels first: "
-                        "transpose (B, H, W, 3) to (B, 3, H, W), e.g. x.transpose(0, 3, 1, 2)." if got.shape ==
-                        images.shape else "the same values as per_sample_transform, stacked: one (3, H, W) per image.")
+                        "x.transpose(0, 3, 1, 2) turns (B, H, W, 3) to (B, 3, H, W)." if got.shape == images.shape else
+                        "the same values as per_sample_transform, stacked: one (3, H, W) per image.")
         if got.dtype != np.float32:
-            checks.fail(case, f"the result should be float32, but it is {got.dtype}", "convert with astype(np.float32) "
-                        "and keep every constant float32: a float64 array (or 255.0 with NumPy < 2) upcasts it all.")
+            checks.fail(case, f"the result should be float32, but it is {got.dtype}", "keep every constant float32 "
+                        "(astype(np.float32)): a float64 array, or 255.0 with NumPy < 2, upcasts it all.")
         if not np.allclose(got, want, rtol=1e-5, atol=1e-5):
             at = tuple(int(i) for i in np.argwhere(~np.isclose(got, want, rtol=1e-5, atol=1e-5))[0])
             unscaled = (images.transpose(0, 3, 1, 2) - MEAN.reshape(1, 3, 1, 1)) / STD.reshape(1, 3, 1, 1)
             checks.fail(case, f"result{list(at)} should be {float(want[at]):.5f}, but it is {float(got[at]):.5f}",
-                        "divide by 255 first: MEAN and STD are for values in [0, 1]."
-                        if np.allclose(got, unscaled, rtol=1e-4, atol=1e-3) else "(x / 255 - MEAN[c]) / STD[c] per "
-                        "channel c: MEAN.reshape(1, 3, 1, 1) broadcasts over (B, 3, H, W).")
+                        "divide by 255 first: MEAN and STD are for values in [0, 1]." if np.allclose(
+                            got, unscaled, rtol=1e-4, atol=1e-3) else "(x / 255 - MEAN[c]) / STD[c] per channel c: "
+                        "MEAN.reshape(1, 3, 1, 1) broadcasts over (B, 3, H, W).")
         checks.passed += 1
     small, large = (python_steps(transform_batch, make_images(b, 8, seed=3)) for b in (SMALL, LARGE))
     if large - small >= (LARGE - SMALL) / 2:
         checks.fail(f"transform_batch on batches of {SMALL} and of {LARGE} images", f"it ran {small} steps of Python "
-                    f"for {SMALL} images and {large} for {LARGE}: Python work for every image",
-                    "a loop over the images (or over rows), a comprehension or a map is not vectorised: write it as "
-                    "a few operations on the whole (B, H, W, 3) array, whose number doesn't grow with B.")
+                    f"for {SMALL} images and {large} for {LARGE}: Python work for every image", "a loop over the "
+                    "images or rows, a comprehension or a map is not vectorised: write a few operations on the whole "
+                    "(B, H, W, 3) array, as many for any B.")
     checks.passed += 1
 
 
 def python_steps(fn: Callable[[np.ndarray], Any], batch: np.ndarray) -> int:
     """Lines and calls run in Python by ``fn(batch)``, NumPy's own Python one call each: a loop grows with the batch."""
     count = [0]
-
     def trace(frame, event, arg):
         count[0] += 1
         return None if frame.f_globals.get("__name__", "").startswith("numpy") else trace
-
     saved = sys.gettrace()
     sys.settrace(trace)
     try:
@@ -181,23 +168,22 @@ def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Che
     if any(harness.typed(float(s)) for s in seconds.values()):
         checks.fail(case, "a time with at most three decimals", harness.TYPED.replace(
             "speedup = statistics.median(rounds)", "statistics.median(times['workers'])"))
-    for key, ours in (("workers", measured.workers), ("vectorised", measured.vectorised)):
-        if float(seconds[key]) > 100 * statistics.median(ours):
-            checks.fail(case, f"seconds[{key!r}] is {seconds[key]}, but the checker's epochs took "
-                              f"{statistics.median(ours):.3f} s", harness.MILLISECONDS)
+    for key in ("workers", "vectorised"):
+        if float(seconds[key]) > 100 * (ours := statistics.median(getattr(measured, key))):
+            checks.fail(case, f"seconds[{key!r}] is {seconds[key]}, but the checker's epochs took {ours:.3f} s",
+                        harness.MILLISECONDS)
     harness.judge_figure(
         checks, case, "the ratio of your times", reported, [measured.speedup], SPEEDUP_FACTOR, "",
-        f"the ratio of your times is more than {SPEEDUP_FACTOR}x away from the median of the checker's rounds "
-        "(measured twice if the first disagreed)", "time whole epochs of both options in interleaved rounds, the "
-        "workers' loader created (and its workers started) inside the timed part, and report each option's median.",
+        f"it is more than {SPEEDUP_FACTOR}x from the median of the checker's rounds (measured twice if the first "
+        "disagreed)", "time whole epochs of both options in interleaved rounds, workers started inside the timed part, "
+        "and report each option's median.",
         f"your two times are swapped: 'workers' is the per-sample transform in {WORKERS} workers.")
     best, gap = ("vectorise", measured.speedup) if measured.speedup > 1 else ("workers", 1 / measured.speedup)
     if gap < BAND:
         print(f"the two options are within {BAND}x of each other here ({gap:.2f}x), so either choice is accepted")
     elif choice != best:
-        checks.fail(f"choice={choice!r}; the checker measured {best!r} faster by {gap:.2f}x",
-                    f"{choice!r} is {gap:.2f}x slower than {best!r}",
-                    "your times show the vectorised epoch faster: choose 'vectorise'." if choice == "workers"
-                    and reported > 1 else "your own times say so: choose the faster option. Vectorising removes the "
-                    f"Python overhead on every core; workers only spread it over the cores there are ({WORKERS} here).")
+        checks.fail(f"choice={choice!r}; the checker measured {best!r} faster by {gap:.2f}x", f"{choice!r} is "
+                    f"{gap:.2f}x slower than {best!r}", "your times show the vectorised epoch faster: choose "
+                    "'vectorise'." if choice == "workers" and reported > 1 else "choose the faster option, as your "
+                    f"times say: vectorising removes Python work on every core; workers spread it over {WORKERS}.")
     checks.passed += 1
