@@ -21,8 +21,8 @@ from minidl_course.exercises.ch03_collate import expected_collate, make_token_sa
 Task = tuple[int, list[int]]  # (task_idx, indices): one batch's worth of work, as the main process sends it
 STUCK_AFTER = 3.0  # seconds a worker loop may take to leave after its sentinel before the checker gives up
 BUSY_MAIN = 0.3  # seconds one case's main process leaves the index queue empty, as a slow training step does
-DELEGATED = ("your loop hands the work to {0}, the library's own worker loop: write the loop yourself (get, fetch, "
-             "collate, put, until None), as this exercise practises.")
+DELEGATED = "{0} is the library's worker loop: write the loop yourself (get, fetch, collate, put, until None)."
+MODULE_FILE = "write it into a module file (the %%writefile cell) and import it from there: a fresh process imports it."
 
 
 def expected_answers(dataset: Any, collate_fn: Callable, tasks: Sequence[Task]) -> list[tuple[int, Any]]:
@@ -72,8 +72,7 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     started with ``start_method`` (this platform's default if None)."""
     checks = _Checks(worker_loop)
     checks.refuse_cell_function(worker_loop, "a worker process can't import a function defined in a notebook cell",
-                                "spawn and forkserver workers import what they run, by module and name: write it "
-                                "into a module file (the %%writefile cell) and import it from there.")
+                                MODULE_FILE)
     for case in _cases():
         _check_in_thread(worker_loop, checks, *case)
         checks.passed += 1
@@ -84,7 +83,7 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
         got = run_worker_processes(worker_loop, dataset, tasks, default_collate, start_method=start_method)
     except (TypeError, AttributeError, pickle.PicklingError) as e:  # what pickling a function can raise
         checks.fail(case, f"the worker processes could not be given your function: {type(e).__name__}: {e}",
-                    "write it into a module file and import it from there, so a fresh process can import it.")
+                    MODULE_FILE)
     except RuntimeError as e:
         checks.fail(case, str(e).splitlines()[0], "return from the function when you read None; nothing else.")
     for k, (idx, want) in enumerate(expected_answers(dataset, default_collate, tasks)):
@@ -101,24 +100,16 @@ def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate
     items = [*tasks, None, (999, [0])]  # after the sentinel, a task: a loop that reads it has not stopped
     for item in items[:1 if pause else len(items)]:
         index_queue.put(item)
-
-    def run():
-        try:
-            worker_loop(dataset, index_queue, result_queue, collate_fn)
-        except BaseException as e:  # noqa: B036 -- anything the learner's loop raises is reported
-            raised.append(e)
-
-    def run_in_thread() -> tuple[threading.Thread, int]:
-        thread = threading.Thread(target=run, name="ch05_worker_loop", daemon=True)
+    with checks.watching({"minidl.worker._worker_loop": (_worker_loop,), "torch's _worker_loop": (
+            _torch().utils.data._utils.worker._worker_loop,)}, case, "your loop called {0}", DELEGATED):
+        thread = threading.Thread(target=_guarded_worker, name="ch05_worker_loop", daemon=True,
+                                  args=(worker_loop, 0, dataset, index_queue, result_queue, collate_fn, raised))
         thread.start()
         time.sleep(pause)
         for item in items[1:] if pause else []:
             index_queue.put(item)
         thread.join(timeout=STUCK_AFTER)
-        return thread, index_queue.qsize()  # unread: 1, the task after the sentinel, as it should be
-
-    thread, unread = checks.watched({"minidl.worker._worker_loop": (_worker_loop,), "torch's _worker_loop": (
-        _torch().utils.data._utils.worker._worker_loop,)}, case, "your loop called {0}", DELEGATED, run_in_thread)
+        unread = index_queue.qsize()  # 1, the task after the sentinel, as it should be
     if still_running := thread.is_alive():
         for _ in range(3):  # so the thread doesn't wait on the queue forever: unpacking an int raises
             index_queue.put(0)
@@ -167,8 +158,8 @@ def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
     got_idx, got_batch = got
     if got_idx != want_idx:
         checks.fail(case, f"{where} should be for task {want_idx}, but it says task {got_idx!r}",
-                    "send back the task_idx you received with the task, not your own count of tasks." if got_idx == k
-                    else "send back the task_idx that came with the task: the main process reorders by it.")
+                    "send back the task_idx that came with the task, not your own count: the main process reorders "
+                    "by it.")
     if not isinstance(want_batch, ExceptionWrapper):
         problem = first_difference(want_batch, got_batch, where=f"the batch of task {want_idx}")
         if problem:
@@ -191,12 +182,16 @@ def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
          f"{getattr(wrapped, '__name__', wrapped)}", ""))
 
 
-def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, collate_fn) -> None:
-    """A worker process's target: run ``worker_loop``, and send back any error it raises instead of printing it."""
+def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, collate_fn, raised=None) -> None:
+    """A worker's target: run ``worker_loop``; an error it raises goes to ``raised`` (a thread's), or else, wrapped,
+    back to the main process, which raises it."""
     try:
         worker_loop(dataset, index_queue, result_queue, collate_fn)
-    except BaseException:  # noqa: B036 -- reported to the main process, which raises it
-        result_queue.put(ExceptionWrapper(where=f"in worker process {worker_id}"))
+    except BaseException as e:  # noqa: B036 -- anything the learner's loop raises is reported
+        if raised is not None:
+            raised.append(e)
+        else:
+            result_queue.put(ExceptionWrapper(where=f"in worker process {worker_id}"))
 
 
 def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: Sequence[Task],

@@ -104,9 +104,9 @@ def check_items(dataset_cls: Callable[[int], Dataset], checks: _Checks) -> None:
         checks.passed += 1
 
 
-def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks | None = None) -> None:
+def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks) -> None:
     """The verdict on part 1, from the measurement alone (and a small dataset's attributes, for the hint)."""
-    checks, limit = checks or _Checks(), max(LEAK_FRACTION * measured.buggy, LEAK_FLOOR_MB)
+    limit = max(LEAK_FRACTION * measured.buggy, LEAK_FLOOR_MB)
     if measured.yours > limit:
         values = getattr(dataset_cls(10), "__dict__", {}).values()
         checks.fail(f"worker memory growth: {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with "
@@ -204,13 +204,12 @@ def check_kwargs(loader_kwargs: Any, checks: _Checks) -> None:
     if not isinstance(loader_kwargs, dict):
         checks.fail(case, f"loader_kwargs should be a dict, but it is {type(loader_kwargs).__name__}",
                     "a dict of DataLoader keyword arguments, e.g. {'multiprocessing_context': ...}.")
-    for key in ("num_workers", "dataset", "batch_size"):
-        if key in loader_kwargs:
-            checks.fail(case, f"loader_kwargs sets {key}, which the exercise fixes",
-                        KEEP if key == "num_workers" else "change how workers start, not the data.")
-    if loader_kwargs.get("worker_method", "multiprocessing") != "multiprocessing":
-        checks.fail(case, f"loader_kwargs sets worker_method={loader_kwargs['worker_method']!r}: no worker process "
-                          "starts, so nothing is forked", KEEP)
+    fixed = next((key for key in ("num_workers", "dataset", "batch_size") if key in loader_kwargs), None)
+    method = loader_kwargs.get("worker_method", "multiprocessing")
+    checks.first(case, (fixed, f"loader_kwargs sets {fixed}, which the exercise fixes",
+                        KEEP if fixed == "num_workers" else "change how workers start, not the data."),
+                 (method != "multiprocessing", f"loader_kwargs sets worker_method={method!r}: no worker process "
+                  "starts, so nothing is forked", KEEP))
     try:
         json.dumps(loader_kwargs)
     except TypeError:
@@ -342,9 +341,8 @@ def check_answers(num_workers: Any, sweep: Any, time_epoch: Any, checks: _Checks
 
 
 def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Mapping[int, list[float]],
-                      checks: _Checks | None = None) -> None:
+                      checks: _Checks) -> None:
     """The verdict on part 3: your sweep against your timer's rounds in the checker, then your choice against them."""
-    checks = checks or _Checks()
     if getattr(measured, "problem", ""):
         checks.fail("your time_epoch, run by the checker", measured.problem, CLOCK_HINT)
     off = [w for w in SWEEP if not harness.agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
