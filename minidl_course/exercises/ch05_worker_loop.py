@@ -59,9 +59,8 @@ def _cases() -> Iterator[tuple[str, Any, Callable, list[Task], float]]:
         else:
             made = f"RangeDataset({n}), default_collate", toy.RangeDataset(n), collate
         labels = rng.sample(range(100), rng.randint(0, 6))  # task numbers: unique, in no particular order
-        # now and then an index one past the end: that task's answer is an IndexError
         yield *made, [(label, [rng.randrange(n + (rng.random() < 0.1)) for _ in range(rng.randint(1, 4))])
-                      for label in labels], 0
+                      for label in labels], 0  # now and then an index one past the end: an IndexError
     yield (f"{ten}, the main process busy for {BUSY_MAIN:g} s after the first task", r10, collate,
            [(0, [0, 1]), (1, [2, 3])], BUSY_MAIN)
 

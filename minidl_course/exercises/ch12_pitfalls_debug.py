@@ -332,8 +332,7 @@ def check_answers(num_workers: Any, sweep: Any, time_epoch: Any, checks: _Checks
                     "choose from what you measured, not from a rule of thumb.")
     checks.passed += 1
     if not callable(time_epoch):
-        checks.fail("time_epoch(0)", f"time_epoch should be a function of num_workers, but it is {time_epoch!r}",
-                    CLOCK_HINT)
+        checks.fail("time_epoch(0)", f"time_epoch should be a function, but it is {time_epoch!r}", CLOCK_HINT)
     first = measure_sweep(time_epoch, rounds=1, sweep=[0])
     if first.problem:
         checks.fail("time_epoch(0)", first.problem, CLOCK_HINT)
