@@ -26,7 +26,6 @@ BATCHES, PER_BATCH = N // BATCH, BATCH * (REQUEST_S + RECORD_S)  # PER_BATCH: a 
 class Records(Dataset):
     """``n`` records ``(image, label)``, a ``(3, 8, 8)`` uint8 array and an int, in slow storage. ``reads`` counts
     this process's requests: ``records[i]`` is one, so is ``records[[i, j, ...]]``, the batch ``(images, labels)``."""
-
     def __init__(self, n: int = N, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
         self._images = rng.integers(0, 256, size=(n, 3, 8, 8), dtype=np.uint8)  # "on disk": read by __getitem__
@@ -138,10 +137,9 @@ def check_loader(loader: Any, records: Records, checks: _Checks, case: str) -> N
         checks.fail(case, f"make_loader should return a DataLoader (minidl's or torch's), but it returned "
                           f"{_short(loader)}", first_hint(
             "return the loader itself, e.g. return DataLoader(records, batch_size=16, ...): the checker runs it.",
-            (isinstance(loader, int | float), "the checker never takes a number from you: return the DataLoader, and "
-             "it measures the wait itself."),
+            (isinstance(loader, int | float), "the checker never takes a number from you: return the DataLoader."),
             (isinstance(loader, list | tuple), "a list of batches read before the loop starts reads the whole epoch "
-             "first; return a DataLoader that reads as the loop runs.")))
+             "first: return a DataLoader, which reads as the loop runs.")))
     dataset = loader.dataset
     checks.first(case, (records.reads, f"make_loader made {records.reads} reads before the loop began", "build the "
                         "loader and read nothing yet: reading ahead isn't keeping up (a real epoch doesn't fit in "

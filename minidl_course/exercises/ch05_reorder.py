@@ -14,12 +14,12 @@ from minidl_course.exercises._common import _Checks, _short, _torch, call, yours
 
 DELEGATED = ("write the reorder buffer (what _MultiProcessingDataLoaderIter keeps in _task_info and _rcvd_idx) "
              "yourself: a dict of early batches and the index of the next one due; don't run {0}.")
+WHILE = "after each arrival, hand out held batches in a while loop (not an if) for as long as the next one is held."
 
 
 class Arrivals:
     """The answers ``(task_idx, f"batch {task_idx}")`` in arrival ``order``; ``taken`` counts those read so far,
     ``passes`` the loops over them."""
-
     def __init__(self, order: list[int]) -> None:
         self.order, self.taken, self.passes = list(order), 0, 0
 
@@ -75,13 +75,12 @@ def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]])
                      f"{arrivals.taken} when you handed it out",
                      "you read every arrival before handing anything out: yield each batch as soon as it is due."
                      if k == 0 and arrivals.taken == len(order) and due[k] < len(order) else
-                     "after each arrival, yield in a while loop for as long as the next index is in the buffer."))
+                     WHILE))
         checks.first(
             case, (arrivals.passes > 1, f"you iterated the arrivals {arrivals.passes} times",
                    "answers from workers can be read only once: loop over the arrivals once."),
             (len(got) < len(order), f"{len(order)} batches arrived, but you handed out {len(got)}: "
-             f"{[f'batch {k}' for k in range(len(got), len(order))]} never came out",
-             "an arrival can make a run of held batches due: hand them out with a while loop, not an if."),
+             f"{[f'batch {k}' for k in range(len(got), len(order))]} never came out", WHILE),
             (len(got) > len(order), f"{len(order)} batches arrived, but you handed out more: {got}",
              "each batch goes out exactly once: remove it from the buffer when you yield it."))
         checks.passed += 1

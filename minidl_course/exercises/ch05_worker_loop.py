@@ -22,6 +22,7 @@ Task = tuple[int, list[int]]  # (task_idx, indices): one batch's worth of work, 
 STUCK_AFTER = 3.0  # seconds a worker loop may take to leave after its sentinel before the checker gives up
 BUSY_MAIN = 0.3  # seconds one case's main process leaves the index queue empty, as a slow training step does
 DELEGATED = "{0} is the library's worker loop: write the loop yourself (get, fetch, collate, put, until None)."
+AT_NONE = "None means 'no more work': when index_queue.get() returns None, return from the function right away."
 MODULE_FILE = "write it into a module file (the %%writefile cell) and import it from there: a fresh process imports it."
 
 
@@ -84,7 +85,7 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
         checks.fail(case, f"the worker processes could not be given your function: {type(e).__name__}: {e}",
                     MODULE_FILE)
     except RuntimeError as e:
-        checks.fail(case, str(e).splitlines()[0], "return from the function when you read None; nothing else.")
+        checks.fail(case, str(e).splitlines()[0], AT_NONE)
     for k, (idx, want) in enumerate(expected_answers(dataset, default_collate, tasks)):
         _compare(k, (idx, want), (idx, got.get(idx)), tasks, dataset, case, checks)
     checks.passed += 1
@@ -142,10 +143,9 @@ def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate
         (k == n + 1 and results[-1] is None and unread == 1, "your loop put None on result_queue after its answers",
          "put only answers on result_queue (the main process counts the tasks it sent); at the sentinel, just return."),
         (unread == 0 or k > n, "your loop read past the sentinel: it took the task put after None"
-         + (f" and answered it with {results[n]!r}" if k > n else ""),
-         "when index_queue.get() returns None, return from the function right away."),
+         + (f" and answered it with {results[n]!r}" if k > n else ""), AT_NONE),
         (still_running, f"your loop answered every task but was still running {STUCK_AFTER:g} s after the sentinel "
-         "None", "None means 'no more work': return (or break out of the loop) when you read it."))
+         "None", AT_NONE))
 
 
 def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:

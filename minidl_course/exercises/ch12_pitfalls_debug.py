@@ -41,7 +41,6 @@ def item_value(index: int) -> float:
 
 class ListDataset(Dataset):
     """The buggy dataset: ``n`` Python float objects in a list."""
-
     def __init__(self, n: int = ITEMS) -> None:
         self.items = [item_value(i) for i in range(n)]
 
@@ -144,7 +143,6 @@ def hold_lock_forever() -> threading.Thread:
 
 class LockedDataset(Dataset):
     """Item ``i`` is ``i``, read while holding ``LOCK`` (as code that logs, or uses a shared client, does)."""
-
     def __init__(self, n: int = 16) -> None:
         self.n = n
 
@@ -250,7 +248,6 @@ MEDIANS = "keep the medians your timer measured, {w: statistics.median(times[w])
 
 class DecodeDataset(SlowDataset):
     """Item ``i``: ``wait`` seconds of waiting (a read), then ``work`` steps of Python (a decode that holds the GIL)."""
-
     def __init__(self, n: int = 64, wait: float = 0.006, work: int = 15_000) -> None:
         super().__init__(n, delay=wait)
         self.work = work
