@@ -52,7 +52,8 @@ def test_ch12_leak_correct_solution_end_to_end(capsys):
 
 def test_ch12_leak_cheat_the_buggy_dataset_under_another_name_is_rejected():
     cheat = type("ArrayDataset", (ch12.ListDataset,), {})
-    rejects_with_hint(ch12.judge_leak, cheat, ch12.LeakMeasured(12.0, 12.5), hint="Python list or tuple")
+    rejects_with_hint(ch12.judge_leak, cheat, ch12.LeakMeasured(12.0, 12.5), ch12._Checks(),
+                      hint="Python list or tuple")
 
 
 @pytest.mark.parametrize("wrong, growth, hint", [
@@ -65,7 +66,7 @@ def test_ch12_leak_wrong_datasets_are_rejected(wrong, growth, hint):
 
 
 def test_ch12_leak_judge_accepts_small_growth():
-    ch12.judge_leak(ArrayDataset, ch12.LeakMeasured(0.5, 12.5))
+    ch12.judge_leak(ArrayDataset, ch12.LeakMeasured(0.5, 12.5), ch12._Checks())
 
 
 # --- ch12 part 2: a hang at fork ----------------------------------------------------------------------------
@@ -213,7 +214,7 @@ def test_ch12_num_workers_a_timer_that_returns_a_typed_number_is_rejected(sweep)
 
 def test_ch12_num_workers_accepts_any_choice_within_tolerance(sweep):
     for w in (3, 4):
-        ch12.judge_num_workers(w, SWEEP_TIMES, ROUNDS)
+        ch12.judge_num_workers(w, SWEEP_TIMES, ROUNDS, ch12._Checks())
 
 
 def test_ch12_num_workers_cheat_rule_of_thumb_is_rejected(sweep):
@@ -229,7 +230,7 @@ def test_ch12_num_workers_cheat_rule_of_thumb_is_rejected(sweep):
     (1, {**SWEEP_TIMES, 1: 0.34, 3: 0.27, 4: 0.27}, "lowest point of your sweep"),
 ])
 def test_ch12_num_workers_wrong_choices_are_rejected(sweep, choice, sweep_times, hint):
-    rejects_with_hint(ch12.judge_num_workers, choice, sweep_times, ROUNDS, hint=hint)
+    rejects_with_hint(ch12.judge_num_workers, choice, sweep_times, ROUNDS, ch12._Checks(), hint=hint)
 
 
 def test_ch12_num_workers_sweep_must_cover_the_values(sweep):
@@ -262,6 +263,7 @@ def _times_a_different_epoch(w):
 def test_ch12_num_workers_a_timer_off_the_checkers_clock_is_refused(sweep, timer, hint):
     measured = ch12.measure_sweep(timer, rounds=1)
     rejects_with_hint(ch12.judge_num_workers, 4, {w: statistics.median(t) for w, t in measured.items()}, measured,
+                      ch12._Checks(),
                       hint="(?s)" + hint + ".*time the epoch you run")
 
 
@@ -282,5 +284,5 @@ def test_ch12_a_time_epoch_in_milliseconds_is_named():
 def test_ch12_a_timer_that_returns_no_number_in_a_later_round_is_named(sweep):
     timer = paced_timer()
     measured = ch12.measure_sweep(lambda w: timer(w) if w == 0 else ch12.sweep_epoch(w), rounds=1)  # None after w=0
-    rejects_with_hint(ch12.judge_num_workers, 4, SWEEP_TIMES, measured,
+    rejects_with_hint(ch12.judge_num_workers, 4, SWEEP_TIMES, measured, ch12._Checks(),
                       hint=r"(?s)time_epoch\([1-6]\) returned no number, but the sweep_epoch.*time\.perf_counter")

@@ -1,6 +1,5 @@
-"""Checker for ch05_keep_up: make a loader keep up with a training step (notebook 05's workers, 04's batched fetch).
-The checker runs ``make_loader(records)`` itself, a step after every batch, on its own clock: the batches must be
-``DataLoader(records, batch_size=16)``'s and the step may wait at most ``MAX_WAIT`` of a typical batch's loop."""
+"""Checker for ch05_keep_up: make ``DataLoader(records, batch_size=16)`` keep up with a training step (notebook 05's
+workers, 04's batched fetch). The checker runs the learner's loader, a step after every batch, on its own clock."""
 
 from __future__ import annotations
 
@@ -8,8 +7,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -28,7 +26,6 @@ BATCHES, PER_BATCH = N // BATCH, BATCH * (REQUEST_S + RECORD_S)  # PER_BATCH: a 
 class Records(Dataset):
     """``n`` records ``(image, label)``, a ``(3, 8, 8)`` uint8 array and an int, in slow storage. ``reads`` counts
     this process's requests: ``records[i]`` is one, so is ``records[[i, j, ...]]``, the batch ``(images, labels)``."""
-
     def __init__(self, n: int = N, seed: int = 0) -> None:
         rng = np.random.default_rng(seed)
         self._images = rng.integers(0, 256, size=(n, 3, 8, 8), dtype=np.uint8)  # "on disk": read by __getitem__
@@ -57,11 +54,9 @@ def given_loader(records: Records) -> DataLoader:
     return DataLoader(records, batch_size=BATCH)
 
 
-@dataclass(frozen=True)
-class Run:
+class Run(NamedTuple):
     """One epoch on the checker's clock: each batch's wait and step, and how the loader reads. ``wait_share`` is the
     median share of the loop spent waiting (one stall isn't the pace), each worker's first batch (its start) skipped."""
-
     waits: list[float]
     steps: list[float]
     workers: int
@@ -109,21 +104,19 @@ def wait_share(make_loader: Callable[[Records], Any], seed: int = 0) -> Run:
 
 
 def check_keep_up(make_loader: Callable[[Records], Any], seed: int = 7) -> None:
-    """Check ch05_keep_up on the checker's clock, once more with a fresh loader if the first run waited too long.
-    Prints what it measured; raises AssertionError at the first problem, with a hint."""
+    """Check ch05_keep_up: the batches are ``DataLoader(records, batch_size=16)``'s and the step waits at most
+    ``MAX_WAIT`` of a typical batch's loop, on the checker's clock (a second try with a fresh loader if not)."""
     case = f"make_loader(Records(seed={seed})), {N} records in batches of {BATCH}, a {STEP_S * 1e3:.0f} ms step"
     checks = _Checks(make_loader)
 
-    def explain(e: Exception) -> None:
+    def explain(e: Exception) -> None:  # a ValueError from the loader's arguments, named
         hint = first_hint(
-            "", ("prefetch_factor" in str(e) or "persistent_workers" in str(e), "prefetch_factor and persistent_workers"
-                 " shape what workers do: with num_workers=0 there are none, so they are refused. Start workers "
-                 "(num_workers > 0), or drop them."),
+            "", ("prefetch_factor" in str(e) or "persistent_workers" in str(e), "prefetch_factor and "
+                 "persistent_workers need workers: with num_workers=0 there are none. Start workers, or drop them."),
             ("batch_size" in str(e) and "sampler" in str(e), "a BatchSampler goes in as sampler= with batch_size=None "
-             "(or as batch_sampler=, where it makes the loader ask for one record at a time)."))
+             "(as batch_sampler= it makes the loader ask for one record at a time)."))
         if isinstance(e, ValueError) and hint:
             checks.fail(case, f"the loader raised ValueError: {e}", hint)
-
     def measure() -> Run:
         checks.passed = 0  # a second measurement counts its checks afresh
         records = Records(seed=seed)
@@ -132,7 +125,6 @@ def check_keep_up(make_loader: Callable[[Records], Any], seed: int = 7) -> None:
         run, batches = call(run_epoch, loader, what="loader", case=case, explain=explain)
         check_batches(batches, records, checks, case)
         return run
-
     run = harness.twice(measure, lambda r: r.wait_share <= MAX_WAIT)
     print(f"Measured on my clock, {run}")
     judge(run, checks, case)
@@ -145,18 +137,16 @@ def check_loader(loader: Any, records: Records, checks: _Checks, case: str) -> N
         checks.fail(case, f"make_loader should return a DataLoader (minidl's or torch's), but it returned "
                           f"{_short(loader)}", first_hint(
             "return the loader itself, e.g. return DataLoader(records, batch_size=16, ...): the checker runs it.",
-            (isinstance(loader, int | float), "the checker never takes a number from you: it runs your loader and "
-             "measures the wait itself. Return the DataLoader."),
-            (isinstance(loader, list | tuple), "a list of batches read before the loop starts keeps up by reading the "
-             "whole epoch first; return a DataLoader that reads as the loop runs.")))
-    if records.reads:
-        checks.fail(case, f"make_loader made {records.reads} reads before the loop began", "reading ahead into "
-                    "memory before training isn't keeping up (an epoch of real data doesn't fit): build the loader, "
-                    "read nothing yet.")
+            (isinstance(loader, int | float), "the checker never takes a number from you: return the DataLoader."),
+            (isinstance(loader, list | tuple), "a list of batches read before the loop starts reads the whole epoch "
+             "first: return a DataLoader, which reads as the loop runs.")))
     dataset = loader.dataset
-    if dataset is not records and not any(v is records for v in getattr(dataset, "__dict__", {}).values()):
-        checks.fail(case, f"the loader reads from {_short(dataset)}, not the records make_loader was given",
-                    "build the loader over make_loader's argument, records.")
+    checks.first(case, (records.reads, f"make_loader made {records.reads} reads before the loop began", "build the "
+                        "loader and read nothing yet: reading ahead isn't keeping up (a real epoch doesn't fit in "
+                        "memory)."),
+                 (dataset is not records and not any(v is records for v in getattr(dataset, "__dict__", {}).values()),
+                  f"the loader reads from {_short(dataset)}, not the records make_loader was given",
+                  "build the loader over make_loader's argument, records."))
     checks.passed += 1
 
 
@@ -170,14 +160,13 @@ def check_batches(batches: list, records: Records, checks: _Checks, case: str) -
               for b in batches]  # a batch that is [images, labels] at all, else None
     misshapen = [k for k, got in enumerate(batches[:BATCHES]) if images[k] is None
                  or any(g.dtype != w.dtype or g.shape != w.shape for g, w in zip(got, want[k]))]
-    if len(batches) != BATCHES and not misshapen:
-        more = len(batches) > BATCHES
-        checks.fail(case, f"the loader gave {'more than ' if more else ''}{BATCHES if more else len(batches)} "
-                          f"batches; an epoch of {N} records in batches of {BATCH} is {BATCHES}",
-                    "one epoch, every record once: a sampler that repeats or runs on is a different epoch." if more
-                    else "every record once, in order: a sampler over part of the records, or drop_last with another "
-                    "batch size, skips some.")
-    for k in misshapen + list(range(len(batches))):
+    more = len(batches) > BATCHES
+    checks.first(case, (len(batches) != BATCHES and not misshapen, f"the loader gave {'more than ' if more else ''}"
+                        f"{BATCHES if more else len(batches)} batches; an epoch of {N} records in batches of {BATCH} "
+                        f"is {BATCHES}", "one epoch, every record once: a sampler that repeats or runs on is a "
+                        "different epoch." if more else "every record once, in order: a sampler over part of the "
+                        "records, or drop_last with another batch size, skips some."))
+    for k in misshapen[:1] or range(len(batches)):
         if problem := first_difference(want[k], batches[k], f"batch {k}"):
             shape = () if images[k] is None else tuple(images[k].shape)
             some_record = shape == (BATCH, 3, 8, 8) and bool((everything == images[k][0]).all(dim=(1, 2, 3)).any())
@@ -185,10 +174,10 @@ def check_batches(batches: list, records: Records, checks: _Checks, case: str) -
                 f"each batch is [images, labels]: a ({BATCH}, 3, 8, 8) uint8 tensor and ({BATCH},) int64 labels, as "
                 f"DataLoader(records, batch_size={BATCH}) gives; a collate_fn of your own must give the same.",
                 (len(shape) == 5 and shape[1] == BATCH, "the loader batched your batches: with a BatchSampler as "
-                 "sampler=, pass batch_size=None so each of its batches goes out as it is."),
-                (len(shape) == 4 and shape[0] != BATCH, f"keep batches of {BATCH}: the training step is tuned for "
-                 "them, and smaller batches are a different training run, not a faster loader."),
-                (some_record, "those are records, but not the right ones: the batches come in order (no shuffle, and "
+                 "sampler=, pass batch_size=None."),
+                (len(shape) == 4 and shape[0] != BATCH, f"keep batches of {BATCH}: smaller ones make a different "
+                 "training run, not a faster loader."),
+                (some_record, "those are records, but not the right ones: the batches come in order (no shuffle, "
                  f"in_order left True), records 0-{BATCH - 1}, then {BATCH}-{2 * BATCH - 1}, ...")))
     checks.passed += 1
 
@@ -200,8 +189,8 @@ def judge(run: Run, checks: _Checks, case: str = "your loader") -> None:
                           f"{MAX_WAIT:.0%} keeps up", first_hint(
             "this machine was too busy to keep up even so: run the check again on a quieter moment, or add a worker.",
             (run.workers == 0 and not run.batched, f"with no workers the main process reads each batch ({BATCH} "
-             f"requests, about {PER_BATCH * 1e3:.0f} ms) while the step waits: nothing overlaps. Start workers, so "
-             "batches are read during the step, or read each batch in one request."),
+             f"requests, about {PER_BATCH * 1e3:.0f} ms) while the step waits: nothing overlaps. Start workers, or "
+             "read each batch in one request."),
             (run.workers == 0, "a batch in one request is quick, but with no workers it is still read while the step "
              "waits; one worker would read it during the step."),
             (not run.batched, f"{run.workers} worker{'s' * (run.workers > 1)}, each reading a batch in about "

@@ -1,6 +1,5 @@
-"""Checker for ch05_reorder: the reorder buffer that ``in_order=True`` needs (notebook 05). Workers answer in the order
-they finish; ``_MultiProcessingDataLoaderIter`` holds early answers in ``_task_info`` and hands them out at
-``_rcvd_idx``. Batch k is due once every task up to k has arrived."""
+"""Checker for ch05_reorder: the reorder buffer ``in_order=True`` needs (notebook 05; torch's ``_task_info`` and
+``_rcvd_idx``). Workers answer in the order they finish; batch k is due once every task up to k has arrived."""
 
 from __future__ import annotations
 
@@ -9,16 +8,18 @@ from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate
 from typing import Any
 
+from minidl.dataloader import DataLoader, _BaseDataLoaderIter
+from minidl_course import toy
 from minidl_course.exercises._common import _Checks, _short, _torch, call, yours
 
-DELEGATED = ("the reorder buffer is what _MultiProcessingDataLoaderIter keeps in _task_info and _rcvd_idx: write "
-             "it yourself, with a dict of early batches and the index of the next one due; don't run {0}.")
+DELEGATED = ("write the reorder buffer (what _MultiProcessingDataLoaderIter keeps in _task_info and _rcvd_idx) "
+             "yourself: a dict of early batches and the index of the next one due; don't run {0}.")
+WHILE = "after each arrival, hand out held batches in a while loop (not an if) for as long as the next one is held."
 
 
 class Arrivals:
     """The answers ``(task_idx, f"batch {task_idx}")`` in arrival ``order``; ``taken`` counts those read so far,
     ``passes`` the loops over them."""
-
     def __init__(self, order: list[int]) -> None:
         self.order, self.taken, self.passes = list(order), 0, 0
 
@@ -34,30 +35,24 @@ class Arrivals:
 
 
 def due_after(order: list[int]) -> list[int]:
-    """For each task k, how many arrivals must have been read before batch k can be handed out.
-
-    >>> due_after([2, 0, 1, 3])  # 0 arrives second; 1 third, and 2 is already there; 3 fourth
-    [2, 3, 3, 4]
-    """
+    """For each task k, how many arrivals must have been read before batch k can go out: the running maximum of the
+    positions, e.g. ``[2, 0, 1, 3]`` gives ``[2, 3, 3, 4]``."""
     position = {task: p for p, task in enumerate(order)}
-    return list(accumulate((position[k] + 1 for k in range(len(order))), max))  # the running maximum
+    return list(accumulate((position[k] + 1 for k in range(len(order))), max))
 
 
 def _orders() -> Iterator[list[int]]:
-    """Arrival orders: small readable ones, then seeded random ones, disordered the way workers disorder them."""
-    yield from ([0, 1, 2], [1, 0, 2], [2, 0, 1, 3], [1, 2, 3, 0, 4], [4, 3, 2, 1, 0], [0], [])  # 4th: task 0 slow
+    """Small readable arrival orders (the 4th: task 0 slow), then seeded ones, each task up to `window` tasks late."""
+    yield from ([0, 1, 2], [1, 0, 2], [2, 0, 1, 3], [1, 2, 3, 0, 4], [4, 3, 2, 1, 0], [0], [])
     rng = random.Random(0)
     for _ in range(30):
         n, window = rng.randint(1, 16), rng.randint(1, 5)
-        keys = [k + rng.uniform(0, window) for k in range(n)]  # each task finishes up to `window` tasks late
+        keys = [k + rng.uniform(0, window) for k in range(n)]
         yield sorted(range(n), key=keys.__getitem__)
 
 
 def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]]) -> None:
     """Check ch05_reorder: ``reorder(arrivals)`` yields the batches in task order, each as soon as it is due."""
-    from minidl.dataloader import DataLoader, _BaseDataLoaderIter
-    from minidl_course import toy
-
     checks = _Checks(reorder)
     library = {"minidl's DataLoader": (DataLoader.__iter__, _BaseDataLoaderIter.__next__),
                "torch's DataLoader": (_torch().utils.data.DataLoader.__iter__,)}
@@ -74,31 +69,25 @@ def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]])
                     case, (isinstance(batch, tuple) and len(batch) == 2 and batch[1] == want, f"{wrong}{batch!r}",
                            "yield the batch alone; the task number only tells you where it goes."),
                     (batch == f"batch {order[k]}" != want, f"{wrong}{batch!r}, arrival number {k + 1}",
-                     "hand batches out by task number, not in arrival order: hold an early one in a dict keyed by "
-                     "task_idx until every batch before it has gone out."),
-                    (batch != want, wrong + _short(batch), "the next batch to hand out is the one with the lowest task "
-                     "number not handed out yet, starting at 0."),
+                     "hand batches out by task number, not in arrival order: hold early ones in a dict by task_idx."),
+                    (batch != want, wrong + _short(batch), "hand out the lowest task number not out yet, from 0."),
                     (arrivals.taken > due[k], f"batch {k} was due after {due[k]} arrivals, but you had read "
                      f"{arrivals.taken} when you handed it out",
-                     "you read every arrival before handing anything out: yield a batch as soon as it is due; holding "
-                     "them all costs memory and makes the training loop wait."
+                     "you read every arrival before handing anything out: yield each batch as soon as it is due."
                      if k == 0 and arrivals.taken == len(order) and due[k] < len(order) else
-                     "before reading another arrival, hand out the batch due next if it is already held: after each "
-                     "arrival, yield in a while loop for as long as the next index is in the buffer."))
+                     WHILE))
         checks.first(
             case, (arrivals.passes > 1, f"you iterated the arrivals {arrivals.passes} times",
                    "answers from workers can be read only once: loop over the arrivals once."),
             (len(got) < len(order), f"{len(order)} batches arrived, but you handed out {len(got)}: "
-             f"{[f'batch {k}' for k in range(len(got), len(order))]} never came out",
-             "when an arrival makes the next batch due, keep handing out the held batches that follow it, with a "
-             "while loop, not an if."),
+             f"{[f'batch {k}' for k in range(len(got), len(order))]} never came out", WHILE),
             (len(got) > len(order), f"{len(order)} batches arrived, but you handed out more: {got}",
              "each batch goes out exactly once: remove it from the buffer when you yield it."))
         checks.passed += 1
     case = ("minidl.DataLoader(toy.SlowDataset(16, slow=(2,)), batch_size=2, num_workers=2, in_order=False), "
             "each batch numbered by its first index // 2")  # out-of-order answers from a real loader
-    loader = DataLoader(toy.SlowDataset(16, slow=(2,), slow_delay=0.05), batch_size=2, num_workers=2, in_order=False)
-    arrivals = [(int(batch[0]) // 2, batch) for batch in loader]
+    arrivals = [(int(batch[0]) // 2, batch) for batch in DataLoader(toy.SlowDataset(16, slow=(2,), slow_delay=0.05),
+                                                                     batch_size=2, num_workers=2, in_order=False)]
     got = [batch.tolist() for batch in call(reorder, iter(arrivals), what="reorder", case=case)]
     want = [[2 * k, 2 * k + 1] for k in range(8)]
     checks.first(case, (got != want, f"arrived as {[k for k, _ in arrivals]}; you handed out {got}, not {want}", ""))

@@ -15,14 +15,15 @@ from typing import Any
 from minidl.collate import default_collate
 from minidl.worker import ExceptionWrapper, _worker_loop
 from minidl_course import toy
-from minidl_course.exercises._common import _Checks, _short, _torch, first_difference, first_hint, yours
+from minidl_course.exercises._common import _Checks, _short, _torch, first_difference, yours
 from minidl_course.exercises.ch03_collate import expected_collate, make_token_samples
 
 Task = tuple[int, list[int]]  # (task_idx, indices): one batch's worth of work, as the main process sends it
 STUCK_AFTER = 3.0  # seconds a worker loop may take to leave after its sentinel before the checker gives up
 BUSY_MAIN = 0.3  # seconds one case's main process leaves the index queue empty, as a slow training step does
-DELEGATED = ("your loop hands the work to {0}, the library's own worker loop: write the loop yourself (get, "
-             "fetch, collate, put, until None); that is what this exercise practises.")
+DELEGATED = "{0} is the library's worker loop: write the loop yourself (get, fetch, collate, put, until None)."
+AT_NONE = "None means 'no more work': when index_queue.get() returns None, return from the function right away."
+MODULE_FILE = "write it into a module file (the %%writefile cell) and import it from there: a fresh process imports it."
 
 
 def expected_answers(dataset: Any, collate_fn: Callable, tasks: Sequence[Task]) -> list[tuple[int, Any]]:
@@ -59,21 +60,19 @@ def _cases() -> Iterator[tuple[str, Any, Callable, list[Task], float]]:
         else:
             made = f"RangeDataset({n}), default_collate", toy.RangeDataset(n), collate
         labels = rng.sample(range(100), rng.randint(0, 6))  # task numbers: unique, in no particular order
-        # now and then an index one past the end: that task's answer is an IndexError
         yield *made, [(label, [rng.randrange(n + (rng.random() < 0.1)) for _ in range(rng.randint(1, 4))])
-                      for label in labels], 0
+                      for label in labels], 0  # now and then an index one past the end: an IndexError
     yield (f"{ten}, the main process busy for {BUSY_MAIN:g} s after the first task", r10, collate,
            [(0, [0, 1]), (1, [2, 3])], BUSY_MAIN)
 
 
 def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None = None) -> None:
-    """Check ch05_worker_loop: ``worker_loop(dataset, index_queue, result_queue, collate_fn)`` against the spec,
-    on many seeded task lists in a thread (where a hang or a crash can be seen and explained), then in two
-    worker processes started with ``start_method`` (this platform's default if None)."""
+    """Check ch05_worker_loop: ``worker_loop(dataset, index_queue, result_queue, collate_fn)`` against the spec on
+    seeded task lists in a thread (where a hang or a crash can be seen and explained), then in two worker processes
+    started with ``start_method`` (this platform's default if None)."""
     checks = _Checks(worker_loop)
-    checks.refuse_cell_function(worker_loop, "a worker process can't import a function defined in a notebook cell", (
-        "workers started with spawn or forkserver import the function they run, by module and name; write it into a "
-        "module file (the %%writefile cell) and import it from there."))
+    checks.refuse_cell_function(worker_loop, "a worker process can't import a function defined in a notebook cell",
+                                MODULE_FILE)
     for case in _cases():
         _check_in_thread(worker_loop, checks, *case)
         checks.passed += 1
@@ -84,9 +83,9 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
         got = run_worker_processes(worker_loop, dataset, tasks, default_collate, start_method=start_method)
     except (TypeError, AttributeError, pickle.PicklingError) as e:  # what pickling a function can raise
         checks.fail(case, f"the worker processes could not be given your function: {type(e).__name__}: {e}",
-                    "write it into a module file and import it from there, so a fresh process can import it.")
+                    MODULE_FILE)
     except RuntimeError as e:
-        checks.fail(case, str(e).splitlines()[0], "return from the function when you read None; nothing else.")
+        checks.fail(case, str(e).splitlines()[0], AT_NONE)
     for k, (idx, want) in enumerate(expected_answers(dataset, default_collate, tasks)):
         _compare(k, (idx, want), (idx, got.get(idx)), tasks, dataset, case, checks)
     checks.passed += 1
@@ -95,31 +94,22 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
 
 def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate_fn, tasks, pause: float) -> None:
     """Run ``worker_loop`` in a thread on ``tasks``, the sentinel and one task more (the first task alone for
-    ``pause`` seconds), and judge what it put, what it raised, and whether it stopped at the sentinel."""
+    ``pause`` seconds); judge what it put, what it raised, and whether it stopped at the sentinel."""
     case = f"{description}, {f'tasks {list(tasks)}, then None' if tasks else 'only the sentinel None'}"
     index_queue, result_queue, raised = queue.Queue(), queue.Queue(), []
     items = [*tasks, None, (999, [0])]  # after the sentinel, a task: a loop that reads it has not stopped
     for item in items[:1 if pause else len(items)]:
         index_queue.put(item)
-
-    def run():
-        try:
-            worker_loop(dataset, index_queue, result_queue, collate_fn)
-        except BaseException as e:  # noqa: B036 -- anything the learner's loop raises is reported
-            raised.append(e)
-
-    def run_in_thread() -> tuple[threading.Thread, int]:
-        thread = threading.Thread(target=run, name="ch05_worker_loop", daemon=True)
+    with checks.watching({"minidl.worker._worker_loop": (_worker_loop,), "torch's _worker_loop": (
+            _torch().utils.data._utils.worker._worker_loop,)}, case, "your loop called {0}", DELEGATED):
+        thread = threading.Thread(target=_guarded_worker, name="ch05_worker_loop", daemon=True,
+                                  args=(worker_loop, 0, dataset, index_queue, result_queue, collate_fn, raised))
         thread.start()
-        if pause:
-            time.sleep(pause)
-            for item in items[1:]:
-                index_queue.put(item)
+        time.sleep(pause)
+        for item in items[1:] if pause else []:
+            index_queue.put(item)
         thread.join(timeout=STUCK_AFTER)
-        return thread, index_queue.qsize()  # unread: 1, the task after the sentinel, as it should be
-
-    thread, unread = checks.watched({"minidl.worker._worker_loop": (_worker_loop,), "torch's _worker_loop": (
-        _torch().utils.data._utils.worker._worker_loop,)}, case, "your loop called {0}", DELEGATED, run_in_thread)
+        unread = index_queue.qsize()  # 1, the task after the sentinel, as it should be
     if still_running := thread.is_alive():
         for _ in range(3):  # so the thread doesn't wait on the queue forever: unpacking an int raises
             index_queue.put(0)
@@ -136,34 +126,26 @@ def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate
         if k < n and isinstance(expected[k][1], ExceptionWrapper):
             checks.fail(case, f"your loop died with {what} on task {tasks[k][0]} (indices {tasks[k][1]}), whose "
                         f"fetch or collate raises {expected[k][1].exc_type.__name__}", "a worker must survive a bad "
-                        "sample: wrap fetch + collate in try/except Exception, and put (task_idx, "
-                        "ExceptionWrapper(where='in a worker')) for the main process to raise.")
+                        "sample: wrap fetch + collate in try/except Exception, and put (task_idx, ExceptionWrapper("
+                        "where='in a worker')).")
         with yours(f"worker loop after {k} answers", case):
             raise raised[0]
     for i, (want, got) in enumerate(zip(expected, results)):
         _compare(i, want, got, tasks, dataset, case, checks)
     returned = f"your loop returned after {k} of {n} answers"
-    fails = first_hint(  # the first (condition, (problem, hint)) that holds
-        None,
-        (k < n and still_running, (f"after {k} of {n} answers your loop stopped answering (it was still running "
-                                   f"{STUCK_AFTER:g} s later)", "read a task, answer it, read the next: one put per "
-                                   "task, each as soon as it's done.")),
-        (k < n and pause, (f"{returned}, while the index queue stayed empty for {pause:g} s", "an empty queue is not "
-                           "the end: a busy main process (a long training step) sends the next task late. Wait with "
-                           "index_queue.get() (with a timeout, go on waiting after queue.Empty); only None ends the "
-                           "loop.")),
-        (k < n, (returned, "keep reading tasks until you read None; only the sentinel ends the loop.")),
-        (k == n + 1 and results[-1] is None and unread == 1, (
-            "your loop put None on result_queue after its answers", "put only answers on result_queue: the main "
-            "process knows how many tasks it sent, and a None there is not a (task_idx, batch) pair. At the sentinel, "
-            "just return.")),
-        (unread == 0 or k > n, ("your loop read past the sentinel: it took the task put after None"
-                                + (f" and answered it with {results[n]!r}" if k > n else ""),
-                                "when index_queue.get() returns None, return from the function right away.")),
-        (still_running, (f"your loop answered every task but was still running {STUCK_AFTER:g} s after the sentinel "
-                         "None", "None means 'no more work': return (or break out of the loop) when you read it.")))
-    if fails:
-        checks.fail(case, *fails)
+    checks.first(
+        case, (k < n and still_running, f"after {k} of {n} answers your loop stopped answering (it was still running "
+               f"{STUCK_AFTER:g} s later)", "read a task, answer it, read the next: one put per task, once it's done."),
+        (k < n and pause, f"{returned}, while the index queue stayed empty for {pause:g} s", "an empty queue is not "
+         "the end: a busy main process sends the next task late. Wait in index_queue.get() (after a timeout's "
+         "queue.Empty, wait again); only None ends the loop."),
+        (k < n, returned, "keep reading tasks until you read None; only the sentinel ends the loop."),
+        (k == n + 1 and results[-1] is None and unread == 1, "your loop put None on result_queue after its answers",
+         "put only answers on result_queue (the main process counts the tasks it sent); at the sentinel, just return."),
+        (unread == 0 or k > n, "your loop read past the sentinel: it took the task put after None"
+         + (f" and answered it with {results[n]!r}" if k > n else ""), AT_NONE),
+        (still_running, f"your loop answered every task but was still running {STUCK_AFTER:g} s after the sentinel "
+         "None", AT_NONE))
 
 
 def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
@@ -171,13 +153,12 @@ def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
     (want_idx, want_batch), where = want, f"answer {k}"
     if not isinstance(got, tuple | list) or len(got) != 2:
         checks.fail(case, f"{where} should be the pair {(want_idx, '<batch>')}, but it is {_short(got)}",
-                    "put (task_idx, batch) on result_queue: the main process needs the number to put batches "
-                    "back in order.")
+                    "put (task_idx, batch) on result_queue: the main process needs the number to reorder batches.")
     got_idx, got_batch = got
     if got_idx != want_idx:
         checks.fail(case, f"{where} should be for task {want_idx}, but it says task {got_idx!r}",
-                    "send back the task_idx you received with the task, not your own count of tasks." if got_idx == k
-                    else "send back the task_idx that came with the task: the main process reorders by it.")
+                    "send back the task_idx that came with the task, not your own count: the main process reorders "
+                    "by it.")
     if not isinstance(want_batch, ExceptionWrapper):
         problem = first_difference(want_batch, got_batch, where=f"the batch of task {want_idx}")
         if problem:
@@ -186,35 +167,38 @@ def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
                         else f"the batch is collate_fn([dataset[i] for i in {tasks[k][1]}]).")
         return
     exc, wrapped = want_batch.exc_type.__name__, getattr(got_batch, "exc_type", None)
-    fails = first_hint(None, (not isinstance(got_batch, ExceptionWrapper), (
-        f"{where} (task {want_idx}, indices {tasks[k][1]}) should be an ExceptionWrapper holding the {exc} raised by "
-        f"the fetch or collate, but it is {_short(got_batch)}", "put an ExceptionWrapper, not the exception itself: "
-        "the wrapper carries the worker's traceback as text (a traceback can't be pickled), so the main process can "
-        "show it." if isinstance(got_batch, BaseException) else "wrap the error, inside the except block: "
-        "ExceptionWrapper(where='in a worker') records the exception's type and traceback as text, which travel "
-        "between processes.")), (
-        wrapped is None, (f"{where} (task {want_idx}) is an ExceptionWrapper that holds no exception", "make the "
-        "ExceptionWrapper inside the except block: it reads the exception being handled (sys.exc_info()), and after "
-        "the block there is none.")), (wrapped is not want_batch.exc_type, (
-        f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a {getattr(wrapped, '__name__', wrapped)}", "")))
-    if fails:
-        checks.fail(case, *fails)
+    checks.first(
+        case, (not isinstance(got_batch, ExceptionWrapper), f"{where} (task {want_idx}, indices {tasks[k][1]}) "
+               f"should be an ExceptionWrapper holding the {exc} raised by the fetch or collate, but it is "
+               f"{_short(got_batch)}", "put an ExceptionWrapper, not the exception itself: it holds the traceback as "
+               "text, which (unlike a traceback) can be pickled for the main process."
+               if isinstance(got_batch, BaseException) else "wrap the error inside the except block: "
+               "ExceptionWrapper(where='in a worker') keeps its type and traceback as text, which can travel between "
+               "processes."),
+        (wrapped is None, f"{where} (task {want_idx}) is an ExceptionWrapper that holds no exception", "make it inside "
+         "the except block: it reads the exception being handled (sys.exc_info()); after the block there is none."),
+        (wrapped is not want_batch.exc_type, f"{where} (task {want_idx}) should wrap a {exc}, but it wraps a "
+         f"{getattr(wrapped, '__name__', wrapped)}", ""))
 
 
-def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, collate_fn) -> None:
-    """A worker process's target: run ``worker_loop``, and send back any error it raises instead of printing it."""
+def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, collate_fn, raised=None) -> None:
+    """A worker's target: run ``worker_loop``; an error it raises goes to ``raised`` (a thread's), or else, wrapped,
+    back to the main process, which raises it."""
     try:
         worker_loop(dataset, index_queue, result_queue, collate_fn)
-    except BaseException:  # noqa: B036 -- reported to the main process, which raises it
-        result_queue.put(ExceptionWrapper(where=f"in worker process {worker_id}"))
+    except BaseException as e:  # noqa: B036 -- anything the learner's loop raises is reported
+        if raised is not None:
+            raised.append(e)
+        else:
+            result_queue.put(ExceptionWrapper(where=f"in worker process {worker_id}"))
 
 
 def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: Sequence[Task],
                          collate_fn: Callable = default_collate, num_workers: int = 2,
                          start_method: str | None = None, timeout: float = 60.0) -> dict[int, Any]:
     """Notebook 05's main process, in small: deal ``tasks`` round-robin to ``num_workers`` processes running
-    ``worker_loop``, a ``None`` per worker once every answer is in; return ``{task_idx: batch}``. An error raised by
-    the loop itself (not by a sample) is raised here. ``start_method`` None is this platform's default."""
+    ``worker_loop`` (``start_method`` None: this platform's default), a ``None`` each once every answer is in;
+    return ``{task_idx: batch}``. An error raised by the loop itself (not by a sample) is raised here."""
     ctx = multiprocessing.get_context(start_method)
     index_queues, result_queue = [ctx.Queue() for _ in range(num_workers)], ctx.Queue()
     workers = [ctx.Process(target=_guarded_worker, args=(worker_loop, i, dataset, q, result_queue, collate_fn),

@@ -7,12 +7,8 @@ import torch.utils.data
 
 
 class RangeStream(torch.utils.data.IterableDataset):
-    """Streams ``start .. end-1``. It doesn't shard itself: with workers, each replays all of it unless told otherwise.
-
-    >>> list(RangeStream(3, 6))
-    [3, 4, 5]
-    """
-
+    """Streams ``start .. end-1`` (``RangeStream(3, 6)``: 3, 4, 5). It doesn't shard itself: with workers, each
+    replays all of it unless told otherwise."""
     def __init__(self, start: int, end: int) -> None:
         self.start, self.end = start, end
 

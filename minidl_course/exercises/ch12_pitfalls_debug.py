@@ -29,7 +29,6 @@ from minidl_course.exercises._common import _Checks, call, first_hint, yours
 from minidl_course.toy import SlowDataset
 
 # --- 1. copy-on-read --------------------------------------------------------------------------------
-
 ITEMS = 1_000_000
 LEAK_FRACTION, LEAK_FLOOR_MB = 0.3, 2.0  # your workers' growth must be under 30% of ListDataset's, or under 2 MB
 LeakMeasured = namedtuple("LeakMeasured", "yours buggy")  # the median worker's growth over an epoch, in MB
@@ -42,7 +41,6 @@ def item_value(index: int) -> float:
 
 class ListDataset(Dataset):
     """The buggy dataset: ``n`` Python float objects in a list."""
-
     def __init__(self, n: int = ITEMS) -> None:
         self.items = [item_value(i) for i in range(n)]
 
@@ -65,7 +63,6 @@ def worker_growth(dataset: Dataset, num_workers: int = 2, batch_size: int = 5000
         if size is None:
             raise OSError(f"{osfacts.uss().line()} ({osfacts.pss().line()})")
         return getattr(get_worker_info(), "id", -1), size
-
     sizes: dict[int, list[int]] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # fork with threads around: the point of part 2, not of this one
@@ -106,29 +103,27 @@ def check_items(dataset_cls: Callable[[int], Dataset], checks: _Checks) -> None:
         checks.passed += 1
 
 
-def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks | None = None) -> None:
+def judge_leak(dataset_cls: Any, measured: LeakMeasured, checks: _Checks) -> None:
     """The verdict on part 1, from the measurement alone (and a small dataset's attributes, for the hint)."""
-    checks = checks or _Checks()
     limit = max(LEAK_FRACTION * measured.buggy, LEAK_FLOOR_MB)
     if measured.yours > limit:
         values = getattr(dataset_cls(10), "__dict__", {}).values()
         checks.fail(f"worker memory growth: {measured.yours:.1f} MB with your dataset, {measured.buggy:.1f} MB with "
                     f"ListDataset", f"your workers' memory grew by more than {limit:.1f} MB", first_hint(
-            "hold the items in one NumPy array (np.arange(n) * 0.5): its data is one block of raw bytes with no "
-            "reference counts, so reading it writes nothing and the pages stay shared.",
+            "hold the items in one float64 array (np.arange(n) * 0.5): no reference counts, so reads write nothing.",
             (any(isinstance(v, np.ndarray) and v.dtype == object for v in values), "an array of dtype object holds "
-             "pointers to Python objects, whose reference counts still change on every read: use a float64 array."),
-            (any(isinstance(v, list | tuple) for v in values), "your dataset still reads from a Python list or tuple "
-             "of float objects: read from the NumPy array in __getitem__, and don't keep the list.")))
+             "Python objects, whose reference counts change on every read: use float64."),
+            (any(isinstance(v, list | tuple) for v in values), "your dataset still reads from a Python list or tuple: "
+             "read from the NumPy array, and don't keep the list.")))
     checks.passed += 1
 
 
 # --- 2. a hang at fork --------------------------------------------------------------------------------
-
 LOCK = threading.Lock()
 HANG_TIMEOUT_S = 30.0  # spawn starts two fresh interpreters: a few seconds, more on a busy machine
 EXPECTED_BATCHES = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
 Outcome = namedtuple("Outcome", "status detail seconds", defaults=("", 0.0))  # status: "ok", "hang" or "error"
+KEEP = "keep two worker processes: avoiding them hides the bug instead of fixing it; change how they start."
 
 
 def hold_lock_forever() -> threading.Thread:
@@ -148,7 +143,6 @@ def hold_lock_forever() -> threading.Thread:
 
 class LockedDataset(Dataset):
     """Item ``i`` is ``i``, read while holding ``LOCK`` (as code that logs, or uses a shared client, does)."""
-
     def __init__(self, n: int = 16) -> None:
         self.n = n
 
@@ -205,18 +199,15 @@ def check_no_hang(loader_kwargs: Any, run: Callable[[Mapping[str, Any]], Outcome
 
 def check_kwargs(loader_kwargs: Any, checks: _Checks) -> None:
     case = f"loader_kwargs = {loader_kwargs!r}"
-    keep = "keep two worker processes: avoiding {} hides the bug instead of fixing it"
     if not isinstance(loader_kwargs, dict):
         checks.fail(case, f"loader_kwargs should be a dict, but it is {type(loader_kwargs).__name__}",
                     "a dict of DataLoader keyword arguments, e.g. {'multiprocessing_context': ...}.")
-    for key in ("num_workers", "dataset", "batch_size"):
-        if key in loader_kwargs:
-            checks.fail(case, f"loader_kwargs sets {key}, which the exercise fixes",
-                        keep.format("workers") + "." if key == "num_workers" else "change how workers start, not "
-                        "the data.")
-    if loader_kwargs.get("worker_method", "multiprocessing") != "multiprocessing":
-        checks.fail(case, f"loader_kwargs sets worker_method={loader_kwargs['worker_method']!r}: no worker process "
-                          "starts, so nothing is forked", keep.format("them") + "; change how they start.")
+    fixed = next((key for key in ("num_workers", "dataset", "batch_size") if key in loader_kwargs), None)
+    method = loader_kwargs.get("worker_method", "multiprocessing")
+    checks.first(case, (fixed, f"loader_kwargs sets {fixed}, which the exercise fixes",
+                        KEEP if fixed == "num_workers" else "change how workers start, not the data."),
+                 (method != "multiprocessing", f"loader_kwargs sets worker_method={method!r}: no worker process "
+                  "starts, so nothing is forked", KEEP))
     try:
         json.dumps(loader_kwargs)
     except TypeError:
@@ -225,13 +216,11 @@ def check_kwargs(loader_kwargs: Any, checks: _Checks) -> None:
     checks.passed += 1
 
 
-def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Checks | None = None) -> None:
+def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Checks) -> None:
     """The verdict on part 2, from the outcome of the run alone."""
-    checks = checks or _Checks()
     context, status, detail = loader_kwargs.get("multiprocessing_context"), outcome.status, outcome.detail
-    fresh = ("a forked worker starts with a copy of the parent's memory, LOCK included, taken by a thread that does "
-             "not exist in the child: start workers with multiprocessing_context='spawn' (or 'forkserver'), which "
-             "run a fresh interpreter.")
+    fresh = ("a forked worker copies LOCK as held, and the thread that would free it is not in the child: start "
+             "workers with multiprocessing_context='spawn' (or 'forkserver'), a fresh interpreter.")
     if status != "ok" or detail != "OK " + json.dumps(EXPECTED_BATCHES):
         checks.fail(f"DataLoader(LockedDataset(), batch_size=4, num_workers=2, **{dict(loader_kwargs)!r})",
                     {"hang": "it hung: ", "error": "it failed: "}.get(status, "it finished, but with other batches: ")
@@ -242,25 +231,23 @@ def judge_hang(loader_kwargs: Mapping[str, Any], outcome: Outcome, checks: _Chec
             (status == "hang" and context == "fork", "'fork' is the start method that copies the held lock; " + fresh),
             (status == "hang", fresh),
             (status == "error" and ("timeout" in detail.lower() or "timed out" in detail.lower()),
-             "a timeout turns the hang into an error, but the worker is still stuck on the copied lock: change how "
-             "the workers start."),
+             "a timeout turns the hang into an error; the worker is still stuck: change how the workers start."),
             (status == "error", "read the error: the arguments must be ones DataLoader accepts.")))
     checks.passed += 1
 
 
 # --- 3. how many workers ------------------------------------------------------------------------------
-
 SWEEP = worker_sweep()  # num_workers to try on this machine: 0 ... past its core count (0-4 on 2 cores)
 TOLERANCE = 1.3  # any num_workers whose epoch is within this factor of the fastest is accepted
 SWEEP_ROUNDS = 3
 SWEEP_FACTOR = 1.5  # each time in your sweep must lie within this factor of the range your timer gave the checker
 CLOCK_HINT = ("time the epoch you run: start = time.perf_counter() just before sweep_epoch(w, dataset), with the w "
               "you were given, and return time.perf_counter() - start just after it (seconds, not a number typed in).")
+MEDIANS = "keep the medians your timer measured, {w: statistics.median(times[w]) for w in SWEEP}, not numbers typed in"
 
 
 class DecodeDataset(SlowDataset):
     """Item ``i``: ``wait`` seconds of waiting (a read), then ``work`` steps of Python (a decode that holds the GIL)."""
-
     def __init__(self, n: int = 64, wait: float = 0.006, work: int = 15_000) -> None:
         super().__init__(n, delay=wait)
         self.work = work
@@ -309,7 +296,6 @@ def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = SWEEP_ROUNDS,
             return f"time_epoch({w}) returned {returned}, but it ran no sweep_epoch({w}, ...)"
         return (f"time_epoch({w}) returned {returned}, but the sweep_epoch({w}, ...) it ran took {ours:.3f} s on the "
                 "checker's clock" + (f": {harness.MILLISECONDS}" if harness.close(got / 1000, ours, 1.25) else ""))
-
     return harness.held_rounds(SWEEP if sweep is None else sweep, rounds, run, off)
 
 
@@ -324,7 +310,6 @@ def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], 
                 + ", ".join(f"{w}: {s * 1e3:.0f} ms" for w, s in medians.items())
                 + f"; fastest num_workers={best}, and any within {TOLERANCE}x of it "
                 f"({medians[best] * TOLERANCE * 1e3:.0f} ms) is accepted")
-
     return harness.measure_then_judge(
         [], lambda checks: check_answers(num_workers, sweep, time_epoch, checks),
         measure or (lambda: measure_sweep(time_epoch)), report,
@@ -338,16 +323,13 @@ def check_answers(num_workers: Any, sweep: Any, time_epoch: Any, checks: _Checks
         checks.fail(case, f"sweep should be a dict with one epoch time per num_workers in SWEEP, {SWEEP}",
                     "keep the sweep you ran and plotted: {num_workers: median seconds}.")
     if harness.positive_numbers(list(sweep.values())) is None:
-        checks.fail(case, "every time in sweep should be a positive number of seconds",
-                    "keep the medians your timer measured: {w: statistics.median(times[w]) for w in SWEEP}.")
+        checks.fail(case, "every time in sweep should be a positive number of seconds", MEDIANS + ".")
     if isinstance(num_workers, bool) or not isinstance(num_workers, int | np.integer) or num_workers not in SWEEP:
         checks.fail(case, f"num_workers should be one of the values you swept, {SWEEP}, but it is {num_workers!r}",
                     "choose from what you measured, not from a rule of thumb.")
     checks.passed += 1
     if not callable(time_epoch):
-        checks.fail("time_epoch(0)", f"time_epoch should be a function of num_workers, but it is {time_epoch!r}",
-                    "def time_epoch(w): start = time.perf_counter(); sweep_epoch(w, dataset); "
-                    "return time.perf_counter() - start")
+        checks.fail("time_epoch(0)", f"time_epoch should be a function, but it is {time_epoch!r}", CLOCK_HINT)
     first = measure_sweep(time_epoch, rounds=1, sweep=[0])
     if first.problem:
         checks.fail("time_epoch(0)", first.problem, CLOCK_HINT)
@@ -355,9 +337,8 @@ def check_answers(num_workers: Any, sweep: Any, time_epoch: Any, checks: _Checks
 
 
 def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Mapping[int, list[float]],
-                      checks: _Checks | None = None) -> None:
+                      checks: _Checks) -> None:
     """The verdict on part 3: your sweep against your timer's rounds in the checker, then your choice against them."""
-    checks = checks or _Checks()
     if getattr(measured, "problem", ""):
         checks.fail("your time_epoch, run by the checker", measured.problem, CLOCK_HINT)
     off = [w for w in SWEEP if not harness.agrees(float(sweep[w]), measured[w], SWEEP_FACTOR)]
@@ -365,8 +346,7 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
         checks.fail(f"your sweep says {w} workers took {float(sweep[w]):.3f} s",
                     f"your time_epoch({w}) measured {min(measured[w]):.3f} to {max(measured[w]):.3f} s when the "
                     f"checker ran it, more than {SWEEP_FACTOR}x away (also off: {off[1:] or 'none'})",
-                    "keep the medians your timing code measured, {w: statistics.median(times[w]) for w in SWEEP}, "
-                    "not numbers typed in; if the machine was busy, run the sweep again.")
+                    MEDIANS + "; if the machine was busy, run the sweep again.")
     checks.passed += 1
     medians = {w: statistics.median(t) for w, t in measured.items()}
     best, mine = min(medians, key=medians.get), min(sweep, key=sweep.get)
@@ -379,7 +359,6 @@ def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: Ma
             (mine != num_workers and sweep[num_workers] > sweep[mine] * TOLERANCE,
              f"your own sweep says {mine} workers was fastest ({sweep[mine]:.3f} s): choose from your data."),
             (num_workers == max(SWEEP), f"more workers than cores ({core_count()} here) don't help once the cores are "
-             f"busy: each one costs a process start and memory. Choose the fastest, or the fewest workers within "
-             f"{TOLERANCE}x of it."),
+             f"busy, and each costs a start and memory: choose the fastest, or the fewest within {TOLERANCE}x."),
             (num_workers == 0, "with no workers, the waiting and the Python work never overlap: workers pay here.")))
     checks.passed += 1
