@@ -11,6 +11,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import platform
+import subprocess
 import sys
 import sysconfig
 
@@ -23,7 +24,11 @@ MACHINE_FIELDS = ("machine_tag", "cpu_model", "cores", "platform", "python", "py
 
 
 def cpu_model() -> str:
-    """The CPU's marketing name, e.g. ``Intel(R) Xeon(R) Processor``."""
+    """The CPU's marketing name, e.g. ``Intel(R) Xeon(R) Processor`` or ``Apple M2 Pro``.
+
+    Linux lists it in ``/proc/cpuinfo``, macOS gives it through ``sysctl`` and Windows keeps it in the registry;
+    elsewhere (or if those can't be read) ``platform`` says what it can, such as ``arm``.
+    """
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -31,7 +36,23 @@ def cpu_model() -> str:
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return _os_cpu_name() or platform.processor() or platform.machine()
+
+
+def _os_cpu_name() -> str:
+    """The CPU's name as macOS or Windows gives it; "" where neither does."""
+    try:
+        if sys.platform == "darwin":
+            return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
+                                  timeout=5).stdout.strip()
+        if sys.platform == "win32":
+            import winreg
+
+            key = winreg.OpenKey(winreg.HKEY_LOCAL_MACHINE, r"HARDWARE\DESCRIPTION\System\CentralProcessor\0")
+            return str(winreg.QueryValueEx(key, "ProcessorNameString")[0]).strip()
+    except (OSError, ImportError, ValueError, subprocess.SubprocessError):
+        pass
+    return ""
 
 
 def python_build() -> str:

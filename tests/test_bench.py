@@ -263,3 +263,24 @@ def test_core_count_follows_the_affinity_mask():
         pytest.skip("no affinity masks on this platform")
     code = "import os; os.sched_setaffinity(0, {0}); from minidl_bench import machine; print(machine.core_count())"
     assert run_python(code).stdout.strip() == "1"
+
+
+def test_cpu_model_on_a_mac_is_its_marketing_name(monkeypatch):
+    # A Mac has no /proc/cpuinfo and platform.processor() there says only "arm": sysctl has the name.
+    def no_proc(path, *args, **kwargs):
+        raise FileNotFoundError(path)
+
+    asked = []
+
+    def sysctl(argv, **kwargs):
+        asked.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout="Apple M2 Pro\n", stderr="")
+
+    monkeypatch.setattr("builtins.open", no_proc)
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(machine.subprocess, "run", sysctl)
+    assert machine.cpu_model() == "Apple M2 Pro"
+    assert asked == [["sysctl", "-n", "machdep.cpu.brand_string"]]
+    monkeypatch.setattr(machine.subprocess, "run", no_proc)  # no sysctl either
+    monkeypatch.setattr(machine.platform, "processor", lambda: "arm")
+    assert machine.cpu_model() == "arm"  # no sysctl: what platform says
