@@ -1,5 +1,5 @@
-"""Checker for ch02_sampler: a batch sampler that puts samples of similar length together (notebook 02). The expected
-batches come from the spec: a stable NumPy argsort, cut into batches, whole batches permuted by ``torch.randperm``."""
+"""Checker for ch02_sampler: a batch sampler of similar-length samples (notebook 02), held to the spec: a stable NumPy
+argsort, cut into batches, whole batches permuted by ``torch.randperm``."""
 
 from __future__ import annotations
 
@@ -16,15 +16,14 @@ from minidl_course.exercises.ch03_collate import make_token_samples
 
 DELEGATED = ("your sampler hands the batching to {0}: cut the sorted order into batches yourself, "
              "with drop_last and __len__; that is what this exercise practises.")
-SHUFFLE_HINT = ("shuffle reorders whole batches, never the indices inside them: build the sorted batches first, then "
-                "permute the list of batches.")
-# (lengths, batch_size, drop_last, shuffle, seed), seed None shuffling with the global torch RNG; then seeded random
-# cases with few distinct lengths: many ties
+SHUFFLE_HINT = "shuffle reorders whole batches, never the indices inside them: permute the list of sorted batches."
+# (lengths, batch_size, drop_last, shuffle, seed), seed None shuffling with the global torch RNG: ties, drop_last,
+# a short batch dropped or not, none short; then seeded random cases with few distinct lengths: many ties
 _rng = random.Random(0)
-CASES = [([3, 1, 2], 2, False, False, None), ([2, 1, 2, 1, 2], 2, False, False, None),  # ties
-         ([2, 1, 2, 1, 2], 2, True, False, None), ([5, 4], 3, False, False, None),  # drop_last; a short batch
-         ([5, 4], 3, True, False, None), ([1, 1, 1, 1], 4, True, False, None),  # ... dropped; none short
-         ([3, 1, 2, 1, 3, 2, 2], 2, False, True, 0), ([3, 1, 2, 1, 3, 2, 2], 2, True, True, None)] + [
+CASES = [([3, 1, 2], 2, False, False, None), ([2, 1, 2, 1, 2], 2, False, False, None),
+         ([2, 1, 2, 1, 2], 2, True, False, None), ([5, 4], 3, False, False, None), ([5, 4], 3, True, False, None),
+         ([1, 1, 1, 1], 4, True, False, None), ([3, 1, 2, 1, 3, 2, 2], 2, False, True, 0),
+         ([3, 1, 2, 1, 3, 2, 2], 2, True, True, None)] + [
     ([_rng.randint(1, 8) for _ in range(_rng.randint(1, 30))], _rng.randint(1, 6), _rng.random() < 0.5, seed >= 20,
      seed if seed % 5 else None) for seed in range(40)]
 
@@ -81,7 +80,7 @@ def _check_epochs(sampler, expected, lengths, batch_size, drop_last, shuffle, ca
     got_len = call(len, sampler, what="sampler's __len__", case=case, explain=lambda e: checks.first(case, (
         isinstance(e, TypeError), f"len(sampler) failed: {e}", "define __len__ to return the number of batches.")))
     checks.first(case, (got_len != len(expected[0]), f"len(sampler) should be {len(expected[0])}, but it is "
-                        f"{got_len}", "len is the number of batches an epoch yields: n // batch_size with drop_last, "
+                        f"{got_len}", "len is the number of batches in an epoch: n // batch_size with drop_last, "
                         "else rounded up."))
     epochs = []
     for epoch in range(3 if shuffle else 1):  # without shuffling every epoch is the same
@@ -91,11 +90,10 @@ def _check_epochs(sampler, expected, lengths, batch_size, drop_last, shuffle, ca
                              f"epoch {epoch + 1} gave the same batch order as epoch 1: {got}",
                              "draw the permutation inside __iter__, so that each epoch is shuffled anew."))
         for k, batch in enumerate(got):
-            if type(batch) is not list:
-                checks.fail(where, f"batch {k} is {_type_name(batch)}: {batch!r}",
-                            "yield each batch as a list of ints, as BatchSampler does.")
-            for idx in (i for i in batch if type(i) is not int):
-                checks.fail(where, f"batch {k} holds {idx!r}, {_type_name(idx)}",
+            checks.first(where, (type(batch) is not list, f"batch {k} is {_type_name(batch)}: {batch!r}",
+                                 "yield each batch as a list of ints, as BatchSampler does."))
+            for i in (i for i in batch if type(i) is not int):
+                checks.fail(where, f"batch {k} holds {i!r}, {_type_name(i)}",
                             "indices must be plain Python ints: convert with int(), or .tolist() a tensor.")
         if got != expected[epoch]:
             checks.fail(where, f"expected batches {expected[epoch]}, but got {got}",
@@ -104,16 +102,14 @@ def _check_epochs(sampler, expected, lengths, batch_size, drop_last, shuffle, ca
 
 def _hint(expected, got, lengths: list[int], batch_size: int, drop_last: bool, shuffle: bool) -> str:
     """The mistake that turns the spec's batches into ``got``."""
-    flat = sorted(i for b in got for i in b)
-    short = len(lengths) % batch_size
+    flat, short = sorted(i for b in got for i in b), len(lengths) % batch_size
     short_batch = f"{short} {'index' if short == 1 else 'indices'}"
-    same_sizes = sorted(map(len, got)) == sorted(map(len, expected))
     if flat != sorted(i for b in expected for i in b):
         dup = next((i for i, c in Counter(flat).items() if c > 1), None)
         missing = sorted({i for b in expected for i in b} - set(flat))
         return first_hint(
             f"index {missing[0]} is never yielded." if missing else "some indices should not be there.",
-            (shuffle and same_sizes, SHUFFLE_HINT),  # the right number and sizes of batches, of the wrong indices
+            (shuffle and sorted(map(len, got)) == sorted(map(len, expected)), SHUFFLE_HINT),  # right sizes, wrong ids
             (drop_last and len(got) == len(expected) + 1 and short and len(got[-1]) == short,
              f"with drop_last=True the last, short batch ({short_batch}) must not be yielded."),
             (not drop_last and len(got) == len(expected) - 1 and short,
