@@ -150,24 +150,20 @@ def _compare(got, batches, mean, std, case, checks: _Checks) -> None:
                  "batch is still held; yield it too."),
             (len(got) > len(expected), "each batch is handed out exactly once.")))
     for k, (item, (want_x, want_y)) in enumerate(zip(got, expected)):
-        if not isinstance(item, tuple | list) or len(item) != 2:
-            checks.fail(case, f"batch {k} should be a pair (images, targets), but it is {_short(item)}")
-        x, y = item
-        if not isinstance(x, torch.Tensor):
-            checks.fail(case, f"batch {k}'s images should be a torch.Tensor, but they are {_type_name(x)}")
-        if x.dtype != torch.float32:
-            checks.fail(case, f"batch {k}'s images should have dtype torch.float32, but they have {x.dtype}",
-                        "convert with images.float(), and keep mean and std float32 too.")
-        if x.shape != want_x.shape:
-            checks.fail(case, f"batch {k}'s images should have shape {tuple(want_x.shape)}, but they have "
-                        f"{tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W).")
-        if not (isinstance(y, torch.Tensor) and torch.equal(y, want_y)):
-            moved = [j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)]
-            if moved:
-                checks.fail(case, f"the batch you handed out in place {k} is the loader's batch {moved[0]}", "hand the "
-                            "batches out in the loader's order: yield the batch you held, then hold the new one.")
-            checks.fail(case, f"batch {k}'s targets should be {want_y.tolist()}, but they are {_short(y)}",
-                        "pass the targets through untouched.")
+        checks.first(case, (not isinstance(item, tuple | list) or len(item) != 2, f"batch {k} should be a pair "
+                            f"(images, targets), but it is {_short(item)}", ""))
+        (x, y), y_ok = item, isinstance(item[1], torch.Tensor) and torch.equal(item[1], want_y)
+        checks.first(case, (not isinstance(x, torch.Tensor), f"batch {k}'s images should be a torch.Tensor, but they "
+                            f"are {_type_name(x)}", ""))
+        moved = next((j for j, (_, t) in enumerate(batches) if isinstance(y, torch.Tensor) and torch.equal(y, t)), None)
+        checks.first(case, (x.dtype != torch.float32, f"batch {k}'s images should have dtype torch.float32, but they "
+                            f"have {x.dtype}", "convert with images.float(), and keep mean and std float32 too."),
+                     (x.shape != want_x.shape, f"batch {k}'s images should have shape {tuple(want_x.shape)}, but they "
+                      f"have {tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W)."),
+                     (not y_ok and moved is not None, f"the batch you handed out in place {k} is the loader's batch "
+                      f"{moved}", "keep the loader's order: yield the batch you held, then hold the new one."),
+                     (not y_ok, f"batch {k}'s targets should be {want_y.tolist()}, but they are {_short(y)}",
+                      "pass the targets through untouched."))
         if not torch.allclose(x, want_x, rtol=1e-5, atol=1e-5):
             i = tuple(int(v) for v in torch.nonzero(~torch.isclose(x, want_x, rtol=1e-5, atol=1e-5))[0])
             raw, m, s = int(batches[k][0][i]), mean[i[1]], std[i[1]]
