@@ -14,8 +14,7 @@ from minidl.sampler import BatchSampler
 from minidl_course.exercises._common import _Checks, _loaders, _torch, _type_name, call, first_hint
 from minidl_course.exercises.ch03_collate import make_token_samples
 
-DELEGATED = ("your sampler hands the batching to {0}: cut the sorted order into batches yourself, "
-             "with drop_last and __len__; that is what this exercise practises.")
+DELEGATED = "your sampler hands the batching to {0}: cut the sorted order into batches yourself, drop_last and all."
 SHUFFLE_HINT = "shuffle reorders whole batches, never the indices inside them: permute the list of sorted batches."
 # (lengths, batch_size, drop_last, shuffle, seed), seed None shuffling with the global torch RNG: ties, drop_last,
 # a short batch dropped or not, none short; then seeded random cases with few distinct lengths: many ties

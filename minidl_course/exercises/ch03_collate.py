@@ -13,8 +13,7 @@ import numpy as np
 from minidl_course.exercises._common import _Checks, _loaders, _torch, _type_name, call, first_difference, first_hint
 
 Sample = dict[str, Any]  # one item of make_token_samples: {"tokens": 1-d int64 array, "label": int}
-DELEGATED = ("your collate hands the padding to {0}: write it yourself (torch.zeros, then copy each sample into "
-             "its row); the library's pad functions are what you use once you know what they do.")
+DELEGATED = "your collate hands the padding to {0}: write it yourself (torch.zeros, then copy in each sample)."
 DTYPE_HINTS = {"tokens": "token ids need dtype=torch.int64 (torch.zeros makes float32 unless told otherwise).",
                "mask": "the mask is boolean: dtype=torch.bool, or compare (e.g. positions < lengths).",
                "label": "labels are integers: dtype=torch.int64."}

@@ -35,10 +35,9 @@ class AugmentedDataset(Dataset):
         return index, float(self.rng.random())
 
 
-SEED_NUMPY = ("toy.seed_numpy_from_worker reseeds NumPy's global stream: the library's fix for a dataset that "
-              "draws from it. ")
-DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: derive a seed from info.seed and "
-             "give the dataset a generator of its own; that is what this exercise practises.")
+SEED_NUMPY = "toy.seed_numpy_from_worker reseeds NumPy's global stream, for a dataset that draws from it. "
+DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: give the dataset a generator of its own, "
+             "seeded from info.seed.")
 
 
 def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) -> tuple[list[float], SeenInfo, bool]:

@@ -16,8 +16,7 @@ import numpy as np
 
 from minidl_course.exercises._common import _Checks, _loaders, yours
 
-DELEGATED = ("your worker_init_fn {0}: set this worker's start and end on get_worker_info().dataset yourself; that "
-             "is what this exercise practises.")
+DELEGATED = "your worker_init_fn {0}: set this worker's start and end on get_worker_info().dataset yourself."
 NONE_INFO = ("call torch.utils.data.get_worker_info() (minidl's workers set it too); minidl.get_worker_info() "
              "is set only by minidl's own workers, so under torch's DataLoader it returns None.")
 

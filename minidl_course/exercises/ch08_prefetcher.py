@@ -13,8 +13,7 @@ import numpy as np
 from minidl.dataloader import DataLoader
 from minidl_course.exercises._common import _Checks, _short, _torch, _type_name, first_hint
 
-DELEGATED = ("your prefetcher hands the work to {0}: write the hold-one-back loop yourself; that is what this "
-             "exercise practises.")
+DELEGATED = "your prefetcher hands the work to {0}: write the hold-one-back loop yourself."
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
 
 
