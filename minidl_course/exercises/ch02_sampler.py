@@ -79,8 +79,7 @@ def _check_epochs(sampler, expected, lengths, batch_size, drop_last, shuffle, ca
     got_len = call(len, sampler, what="sampler's __len__", case=case, explain=lambda e: checks.first(case, (
         isinstance(e, TypeError), f"len(sampler) failed: {e}", "define __len__ to return the number of batches.")))
     checks.first(case, (got_len != len(expected[0]), f"len(sampler) should be {len(expected[0])}, but it is "
-                        f"{got_len}", "len is the number of batches in an epoch: n // batch_size with drop_last, "
-                        "else rounded up."))
+                        f"{got_len}", "batches per epoch: n // batch_size with drop_last, else rounded up."))
     epochs = []
     for epoch in range(3 if shuffle else 1):  # without shuffling every epoch is the same
         where = case + (f", epoch {epoch + 1}" if shuffle else "")
@@ -115,12 +114,10 @@ def _hint(expected, got, lengths: list[int], batch_size: int, drop_last: bool, s
              f"with drop_last=False the last, short batch ({short_batch}) must still be yielded."),
             (dup is not None, f"index {dup} is yielded more than once; each index belongs to exactly one batch."))
     if sorted(map(tuple, expected)) == sorted(map(tuple, got)):
-        return ("the batches are right but come in another order: yield batches[i] for i in torch.randperm(number of "
-                "batches, generator=self.generator), one permutation per epoch." if shuffle else
-                "without shuffle the batches come in sorted order: shortest lengths first.")
+        return ("right batches, wrong order: yield batches[i] for i in torch.randperm(len(batches), generator="
+                "self.generator), anew each epoch." if shuffle else "without shuffle, batches go shortest first.")
     if shuffle or [len(b) for b in got] != [len(b) for b in expected]:
-        return SHUFFLE_HINT if shuffle else (f"every batch holds batch_size={batch_size} indices, except perhaps the "
-                                             f"last; your batches hold {[len(b) for b in got]}.")
+        return SHUFFLE_HINT if shuffle else f"batches hold batch_size={batch_size} indices, the last perhaps fewer."
     order = [i for b in got for i in b]
     pairs = list(zip(order, order[1:]))
     longer = next(((a, b) for a, b in pairs if lengths[b] < lengths[a]), None)
