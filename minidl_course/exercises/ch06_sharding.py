@@ -127,8 +127,7 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, librar
             checks.watched(library, where, "your worker_init_fn {0}", DELEGATED, worker_init_fn, worker_id,
                            what="worker_init_fn", explain=none_info(checks, where))
         checks.first(where, (isinstance(dataset, toy.ShardedRange), "your worker_init_fn turned the dataset into "
-                             "minidl's toy.ShardedRange", DELEGATED.format("swapped in minidl's own self-sharding "
-                                                                           "dataset")),
+                             "minidl's toy.ShardedRange", DELEGATED.format("swapped in minidl's own sharding dataset")),
                      (type(dataset) is not RangeStream or "__iter__" in vars(dataset), "your worker_init_fn replaced "
                       f"the dataset's iteration (it is now a {type(dataset).__name__})", "keep the dataset's class "
                       "and __iter__; set only its start and end for this worker."))
@@ -154,13 +153,12 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, librar
                     else "the shards must not overlap: worker k's part ends where worker k + 1's begins.")
     if missing := [i for i in range(start, end) if i not in counts]:
         checks.fail(case, f"your shards are {described}; sample {missing[0]} is in none of them",
-                    f"the last samples belong to no worker: with {end - start} samples and {num_workers} workers, "
-                    "round the shard size up, -(-(end - start) // num_workers), and cap each end at end."
-                    if missing[-1] == end - 1 else "every sample must belong to some worker.")
+                    f"the last samples belong to no worker: round the shard size up (-(-{end - start} // {num_workers})"
+                    ") and cap each end at end." if missing[-1] == end - 1 else "every sample must belong to a worker.")
     per = -(-(end - start) // num_workers)
     for w, lo, hi in shards:
         want = (min(start + w * per, end), min(start + (w + 1) * per, end))
         if (lo, hi) != want and not (want[0] == want[1] and lo >= hi):
             checks.fail(case, f"your shards are {described}; each sample comes once, but worker {w}'s part should be "
-                        f"[{want[0]}, {want[1]})", f"the spec's split: contiguous parts of ceil({end - start} / "
-                        f"{num_workers}) = {per} samples in worker order, the last one shorter (or empty).")
+                        f"[{want[0]}, {want[1]})", f"contiguous parts of ceil({end - start} / {num_workers}) = {per} "
+                        "samples in worker order, the last one shorter (or empty).")
