@@ -111,9 +111,8 @@ def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | Non
         "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.",
         f"that is more than {RATIO_FACTOR}x away from the median of the checker's rounds (measured twice if "
         "the first disagreed)",
-        "time both in interleaved rounds (several calls per round, each result dropped before the next call: "
-        "buffers kept alive in a list cost more, since the allocator cannot hand their memory back), and report "
-        "the median of the per-round ratios pin_copy time / reused copy time.",
+        "time both in interleaved rounds of several calls, dropping each result (buffers kept alive cost more: the "
+        "allocator can't reuse their memory), and report the median per-round ratio pin_copy / reused copy.",
         "you divided the other way round: pin_copy's time / the reused copy's time.")
     case = f"reuse_pays={reuse_pays!r}, with pinning a fresh buffer {measured.ratio:.2f}x a reused copy"
     checks.first(case, (not isinstance(reuse_pays, bool), f"reuse_pays should be True or False, but it is "
