@@ -45,9 +45,8 @@ def check_sampler(sampler_cls: Callable[..., Any]) -> None:
     ``len()`` and three epochs on each case, then inside minidl's and torch's DataLoader."""
     torch = _torch()
     checks = _Checks(sampler_cls)
-    saved_rng = torch.get_rng_state()  # shuffling without a generator draws from the global RNG
     library = {"minidl's BatchSampler": (BatchSampler,), "torch's BatchSampler": (torch.utils.data.BatchSampler,)}
-    try:
+    with torch.random.fork_rng(devices=[]):  # shuffling without a generator draws from the global RNG
         for lengths, batch_size, drop_last, shuffle, seed in CASES:
             generator = "None" if seed is None else f"torch.Generator().manual_seed({seed})"
             case = (f"lengths={lengths}, batch_size={batch_size}, drop_last={drop_last}, shuffle={shuffle}"
@@ -70,8 +69,6 @@ def check_sampler(sampler_cls: Callable[..., Any]) -> None:
             checks.first(f"{name}(dataset, batch_sampler=sampler) with lengths={lengths}, batch_size=4, shuffle=True",
                          (got != want, f"two epochs should load {want}, but loaded {got}", ""))
             checks.passed += 1
-    finally:
-        torch.set_rng_state(saved_rng)
     checks.done()
 
 

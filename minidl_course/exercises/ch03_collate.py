@@ -79,16 +79,13 @@ def check_collate(collate_fn: Callable[[list[Sample]], Any]) -> None:
                 checks.fail(case, problem, _hint(key, got[key], expected[key], batch))
         checks.passed += 1
     samples = make_token_samples(10, seed=99, zero_tokens=True)
-    saved_rng = torch.get_rng_state()  # every epoch of a DataLoader draws a base seed from it
-    try:
+    with torch.random.fork_rng(devices=[]):  # every epoch of a DataLoader draws a base seed from the global RNG
         for name, loader_cls in _loaders():
             problem = first_difference(list(loader_cls(samples, batch_size=4, collate_fn=expected_collate)),
                                        list(loader_cls(samples, batch_size=4, collate_fn=collate_fn)), "batches")
             checks.first(f"{name}(make_token_samples(10, seed=99, zero_tokens=True), batch_size=4, collate_fn=yours)",
                          (problem, problem, ""))
             checks.passed += 1
-    finally:
-        torch.set_rng_state(saved_rng)
     checks.done()
 
 
