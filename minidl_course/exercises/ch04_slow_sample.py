@@ -81,8 +81,7 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
                             "outside the loader", "the loader's trace has already timed every getitem of its epoch: "
                             "read it there, not in a second epoch one sample at a time."),
                      (loader.dataset.peeks, f"your function read the dataset's {(loader.dataset.peeks or [''])[0]!r}",
-                      "a dataset doesn't know which sample is slow; the loader's trace does: find it there, by "
-                      "measuring, as you would on your own data."))
+                      "a dataset doesn't know its slow sample; the loader's trace does: find it there, by measuring."))
         times = []  # the checker's own measurement: each dataset[i] timed in this process, one at a time
         for i in range(n):
             start = time.perf_counter()
@@ -115,10 +114,9 @@ def _wrong_answer_hint(loader: DataLoader, answer, slowest: int, batch_size: int
         " Or: ".join(near) or "the getitem row of loader.trace.rows() with the longest end - start is the slow "
         "sample; row['index'] is its index.",
         (slow is not None and answer == slow["batch"], f"{answer} is the number of the batch that held the slow "
-         "sample; each getitem row carries the sample's own index in row['index']."),
+         "sample; its own index is row['index']."),
         (rows and answer == max(rows, key=lambda r: r["start"]).get("index"),  # the last can be the fastest
          f"{fastest_hint} Or: {started_last}" if fastest else started_last),
         (shuffle and slow is not None
          and answer == slow["batch"] * batch_size + [r for r in rows if r["batch"] == slow["batch"]].index(slow),
-         "this loader shuffles: a sample's place in the epoch is not its index. Read the index the getitem row "
-         "carries, row['index']."))
+         "this loader shuffles: a sample's place in the epoch is not its index; read row['index']."))
