@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from minidl.dataloader import DataLoader
-from minidl_course.exercises._common import _Checks, _short, _torch, _type_name, first_hint
+from minidl_course.exercises._common import _Checks, _short, _torch, _type_name
 
 DELEGATED = "your prefetcher hands the work to {0}: write the hold-one-back loop yourself."
 IMAGENET = ([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
@@ -143,8 +143,8 @@ def _compare(got, batches, mean, std, case, checks: _Checks) -> None:
     centre, spread = (torch.tensor(v, dtype=torch.float64).view(1, len(v), 1, 1) * 255 for v in (mean, std))
     expected = [(((x.to(torch.float64) - centre) / spread).to(torch.float32), y) for x, y in batches]
     checks.first(case, (len(got) != len(expected), f"the loader has {len(expected)} batches, but you yielded "
-                        f"{len(got)}", first_hint("each batch is handed out exactly once.", (len(got) == len(expected) - 1,
-                        "the last batch is missing: when the loop over the loader ends, yield the batch still held."))))
+                        f"{len(got)}", "the last batch is missing: when the loop over the loader ends, yield the batch "
+                        "still held." if len(got) == len(expected) - 1 else "each batch is handed out exactly once."))
     for k, (item, (want_x, want_y)) in enumerate(zip(got, expected)):
         checks.first(case, (not isinstance(item, tuple | list) or len(item) != 2, f"batch {k} should be a pair "
                             f"(images, targets), but it is {_short(item)}", ""))
