@@ -168,8 +168,7 @@ def refuse_reference(*answers: Any) -> None:
             if isinstance(module, str) and any(module == r or module.startswith(r + ".") for r in REFERENCE_MODULES):
                 name = getattr(answer, "__qualname__", None) or type(answer).__name__
                 raise ReferenceAnswer(f"{name} is the reference answer, imported from {module}: the checker judges "
-                                      "your own code, so write it in the cell above (the solution notebook explains "
-                                      "one)")
+                                      "your own code: write it in the cell above (the solution notebook explains one)")
 
 
 class Tripwire:
