@@ -1,7 +1,5 @@
-"""Checkers for the exercise notebooks in ``notebooks/exercises/``, one module per exercise, named after it. A checker
-runs the learner's answer on seeded cases and stops at the first wrong one with AssertionError: the case, what was
-expected, what came back, and a hint. Expected values come from torch, the spec or the checker's own measurement,
-never from a reference answer (one imported from ``tests/reference_answers/`` is refused)."""
+"""Checkers for ``notebooks/exercises/``, one module per exercise: seeded cases, the first wrong one raised with what
+was expected, what came back and a hint; expected values never from a reference answer, which is refused."""
 
 from minidl_course.exercises._common import ReferenceAnswer, YourTurn, first_difference
 from minidl_course.exercises.ch01_nogil import check_nogil
@@ -19,11 +17,9 @@ from minidl_course.exercises.ch10_overhead_ratio import check_overhead
 from minidl_course.exercises.ch11_vectorise_or_workers import check_decision
 from minidl_course.exercises.ch12_pitfalls_debug import check_no_hang, check_no_leak, check_num_workers
 
-__all__ = [
-    "Arrivals", "AugmentedDataset", "RecordingLoader", "ReferenceAnswer", "SlowSampleDataset", "YourTurn",
-    "call_as_worker", "check_choice", "check_collate", "check_decision", "check_no_hang", "check_no_leak",
-    "check_nogil", "check_num_workers", "check_overhead", "check_pin_copy", "check_prefetcher", "check_reorder",
-    "check_sampler", "check_slow_sample", "check_worker_init_fn", "check_worker_loop", "check_worker_seeding",
-    "first_difference", "make_image_batches", "make_token_samples", "range_stream", "run_worker_processes",
-    "slow_loader",
-]
+__all__ = ["Arrivals", "AugmentedDataset", "RecordingLoader", "ReferenceAnswer", "SlowSampleDataset", "YourTurn",
+           "call_as_worker", "check_choice", "check_collate", "check_decision", "check_no_hang", "check_no_leak",
+           "check_nogil", "check_num_workers", "check_overhead", "check_pin_copy", "check_prefetcher", "check_reorder",
+           "check_sampler", "check_slow_sample", "check_worker_init_fn", "check_worker_loop", "check_worker_seeding",
+           "first_difference", "make_image_batches", "make_token_samples", "range_stream", "run_worker_processes",
+           "slow_loader"]

@@ -1,5 +1,5 @@
-"""What every checker shares: counting checks, running the learner's code, naming the first difference from what
-was expected, and refusing a reference answer or one that hands its work to the library."""
+"""What every checker shares: counting checks, running learner code, naming the first difference, and refusing a
+reference answer or one that hands its work to the library."""
 
 from __future__ import annotations
 
@@ -25,14 +25,13 @@ def _torch():
     return torch
 
 
-def _loaders() -> tuple[tuple[str, type], ...]:
-    """minidl's DataLoader and torch's: an answer must work in both."""
+def _loaders() -> tuple[tuple[str, type], ...]:  # an answer must work in minidl's DataLoader and torch's
     return ("minidl.DataLoader", DataLoader), ("torch.utils.data.DataLoader", _torch().utils.data.DataLoader)
 
 
 class _Checks:
-    """Counts the checks passed; ``fail`` raises the first mismatch with its case and a hint. Made with the answers to
-    check, it first refuses a reference answer among them."""
+    """Counts the checks passed; ``fail`` raises the first mismatch with its case and a hint. Refuses a reference
+    answer among the answers it is made with."""
 
     def __init__(self, *answers: Any) -> None:
         refuse_reference(*answers)
@@ -43,7 +42,7 @@ class _Checks:
                              + (f"\n  Hint: {hint}" if hint else ""))
 
     def first(self, case: str, *rows: tuple[Any, str, str]) -> None:
-        """Checks as a table: fail with the first ``(fails, problem, hint)`` whose ``fails`` holds."""
+        """Fail with the first ``(fails, problem, hint)`` whose ``fails`` holds."""
         for fails, problem, hint in rows:
             if fails:
                 self.fail(case, problem, hint)
@@ -53,8 +52,8 @@ class _Checks:
 
     @contextmanager
     def watching(self, library: Library, case: str, problem: str, hint: str) -> Iterator[None]:
-        """The block under a Tripwire on ``library``: a call of it fails the check, whatever the block raised, with
-        ``problem`` and ``hint`` naming it as ``{0}``. A class in ``library`` stands for every method it defines."""
+        """The block under a Tripwire on ``library`` (a class stands for its methods): a call of it fails the check,
+        whatever the block raised, with ``problem`` and ``hint`` naming it as ``{0}``."""
         fns = {getattr(v, "__func__", v): label for label, targets in library.items() for t in targets
                for v in (vars(t).values() if isinstance(t, type) else [t])}
         wire = Tripwire({fn.__code__: label for fn, label in fns.items() if hasattr(fn, "__code__")})
@@ -74,7 +73,7 @@ class _Checks:
             return call(fn, *args, what=what, case=case, explain=explain) if what else fn(*args)
 
     def refuse_cell_function(self, fn: Any, problem: str, hint: str) -> None:
-        """Fail when ``fn`` was defined in a notebook cell: a worker started by spawn or forkserver can't import it."""
+        """Fail when ``fn`` was defined in a notebook cell, which a spawn or forkserver worker can't import."""
         if getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__"):
             self.fail(f"{getattr(fn, '__name__', fn)!r}, defined in this notebook", problem, hint)
 
@@ -86,8 +85,8 @@ def first_hint(default: str, *cases: tuple[Any, str]) -> str:
 
 @contextmanager
 def yours(what: str, case: str, explain: Explain = None) -> Iterator[None]:
-    """The one way a checker runs learner code: an exception from it goes on with a note saying what raised it,
-    for which case; ``explain(e)`` may first turn a known mistake into a hint."""
+    """The one way a checker runs learner code: an exception goes on with a note of what raised it, for which case;
+    ``explain(e)`` may first turn a known mistake into a hint."""
     try:
         yield
     except Exception as e:
@@ -98,7 +97,6 @@ def yours(what: str, case: str, explain: Explain = None) -> Iterator[None]:
 
 
 def call(fn: Callable[..., Any], *args: Any, what: str, case: str, explain: Explain = None, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` inside ``yours(what, case, explain)``."""
     with yours(what, case, explain):
         return fn(*args, **kwargs)
 
@@ -129,17 +127,14 @@ def first_difference(expected: Any, got: Any, where: str = "batch") -> str | Non
     return f"{where} should be {expected!r}, but it is {got!r}" if got != expected else None
 
 
-def _type_name(obj: Any) -> str:
-    """``obj``'s type with an article: "a list", "an int", "a torch.Tensor"."""
+def _type_name(obj: Any) -> str:  # "a list", "an int", "a torch.Tensor"
     t = type(obj)
     name = t.__name__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
     return f"{'an' if name[0] in 'aeiou' else 'a'} {name}"
 
 
-def _short(obj: Any) -> str:
-    """``obj``'s type and repr, cut to fit on a line."""
-    text = repr(obj)
-    return f"{_type_name(obj)}: {text if len(text) < 80 else text[:77] + '...'}"
+def _short(obj: Any) -> str:  # type and repr, cut to fit on a line
+    return f"{_type_name(obj)}: {text if len(text := repr(obj)) < 80 else text[:77] + '...'}"
 
 
 class YourTurn(Exception):
@@ -166,23 +161,20 @@ class ReferenceAnswer(AssertionError):
 
 
 def refuse_reference(*answers: Any) -> None:
-    """Raise ReferenceAnswer when an answer (or a base class) was defined in the reference answers. An answer typed
-    into a cell is judged on what it does."""
+    """Raise ReferenceAnswer when an answer (or a base class) was defined in the reference answers."""
     for answer in answers:
         for obj in getattr(answer, "__mro__", (answer,)):
             module = getattr(obj, "__module__", None)
             if isinstance(module, str) and any(module == r or module.startswith(r + ".") for r in REFERENCE_MODULES):
                 name = getattr(answer, "__qualname__", None) or type(answer).__name__
                 raise ReferenceAnswer(f"{name} is the reference answer, imported from {module}: the checker judges "
-                                      "your own code, so write it in the cell above (the solution notebook explains "
-                                      "one)")
+                                      "your own code: write it in the cell above (the solution notebook explains one)")
 
 
 class Tripwire:
-    """While active, notes every call of the watched code objects, whatever name the learner reached them by: it
-    catches an answer that only wraps the library. It cannot see other processes (the checkers run the learner's
-    code here or in threads), a copy of the library's code pasted into a cell, compiled code, nor
-    threads already running when it starts, on Python 3.11. On exit it puts back the hooks it replaced."""
+    """While active, notes every call of the watched code objects, however reached: an answer that wraps the library.
+    Blind to other processes, a copy of the library's code pasted into a cell, compiled code,
+    and threads already running when it starts, on Python 3.11."""
 
     def __init__(self, watched: dict[CodeType, str]) -> None:
         self.watched, self.hits, self.active = watched, [], False
@@ -203,7 +195,7 @@ class Tripwire:
     def __enter__(self) -> Tripwire:
         self._saved = sys.getprofile(), threading.getprofile()
         self.active = True
-        self._every_thread(self._profile)
+        self._every_thread(self._profile)  # __exit__ puts back the hooks it replaced
         sys.setprofile(self._profile)
         return self
 

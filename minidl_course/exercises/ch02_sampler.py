@@ -1,5 +1,5 @@
-"""Checker for ch02_sampler: a batch sampler that puts samples of similar length together (notebook 02). The expected
-batches come from the spec: a stable NumPy argsort, cut into batches, whole batches permuted by ``torch.randperm``."""
+"""Checker for ch02_sampler: a batch sampler of similar-length samples (notebook 02), held to the spec: a stable NumPy
+argsort, cut into batches, whole batches permuted by ``torch.randperm``."""
 
 from __future__ import annotations
 
@@ -14,17 +14,15 @@ from minidl.sampler import BatchSampler
 from minidl_course.exercises._common import _Checks, _loaders, _torch, _type_name, call, first_hint
 from minidl_course.exercises.ch03_collate import make_token_samples
 
-DELEGATED = ("your sampler hands the batching to {0}: cut the sorted order into batches yourself, "
-             "with drop_last and __len__; that is what this exercise practises.")
-SHUFFLE_HINT = ("shuffle reorders whole batches, never the indices inside them: build the sorted batches first, then "
-                "permute the list of batches.")
-# (lengths, batch_size, drop_last, shuffle, seed), seed None shuffling with the global torch RNG; then seeded random
-# cases with few distinct lengths: many ties
+DELEGATED = "your sampler hands the batching to {0}: cut the sorted order into batches yourself, drop_last and all."
+SHUFFLE_HINT = "shuffle reorders whole batches, never the indices inside them: permute the list of sorted batches."
+# (lengths, batch_size, drop_last, shuffle, seed), seed None shuffling with the global torch RNG: ties, drop_last,
+# a short batch dropped or not, none short; then seeded random cases with few distinct lengths: many ties
 _rng = random.Random(0)
-CASES = [([3, 1, 2], 2, False, False, None), ([2, 1, 2, 1, 2], 2, False, False, None),  # ties
-         ([2, 1, 2, 1, 2], 2, True, False, None), ([5, 4], 3, False, False, None),  # drop_last; a short batch
-         ([5, 4], 3, True, False, None), ([1, 1, 1, 1], 4, True, False, None),  # ... dropped; none short
-         ([3, 1, 2, 1, 3, 2, 2], 2, False, True, 0), ([3, 1, 2, 1, 3, 2, 2], 2, True, True, None)] + [
+CASES = [([3, 1, 2], 2, False, False, None), ([2, 1, 2, 1, 2], 2, False, False, None),
+         ([2, 1, 2, 1, 2], 2, True, False, None), ([5, 4], 3, False, False, None), ([5, 4], 3, True, False, None),
+         ([1, 1, 1, 1], 4, True, False, None), ([3, 1, 2, 1, 3, 2, 2], 2, False, True, 0),
+         ([3, 1, 2, 1, 3, 2, 2], 2, True, True, None)] + [
     ([_rng.randint(1, 8) for _ in range(_rng.randint(1, 30))], _rng.randint(1, 6), _rng.random() < 0.5, seed >= 20,
      seed if seed % 5 else None) for seed in range(40)]
 
@@ -47,9 +45,8 @@ def check_sampler(sampler_cls: Callable[..., Any]) -> None:
     ``len()`` and three epochs on each case, then inside minidl's and torch's DataLoader."""
     torch = _torch()
     checks = _Checks(sampler_cls)
-    saved_rng = torch.get_rng_state()  # shuffling without a generator draws from the global RNG
     library = {"minidl's BatchSampler": (BatchSampler,), "torch's BatchSampler": (torch.utils.data.BatchSampler,)}
-    try:
+    with torch.random.fork_rng(devices=[]):  # shuffling without a generator draws from the global RNG
         for lengths, batch_size, drop_last, shuffle, seed in CASES:
             generator = "None" if seed is None else f"torch.Generator().manual_seed({seed})"
             case = (f"lengths={lengths}, batch_size={batch_size}, drop_last={drop_last}, shuffle={shuffle}"
@@ -72,8 +69,6 @@ def check_sampler(sampler_cls: Callable[..., Any]) -> None:
             checks.first(f"{name}(dataset, batch_sampler=sampler) with lengths={lengths}, batch_size=4, shuffle=True",
                          (got != want, f"two epochs should load {want}, but loaded {got}", ""))
             checks.passed += 1
-    finally:
-        torch.set_rng_state(saved_rng)
     checks.done()
 
 
@@ -81,8 +76,7 @@ def _check_epochs(sampler, expected, lengths, batch_size, drop_last, shuffle, ca
     got_len = call(len, sampler, what="sampler's __len__", case=case, explain=lambda e: checks.first(case, (
         isinstance(e, TypeError), f"len(sampler) failed: {e}", "define __len__ to return the number of batches.")))
     checks.first(case, (got_len != len(expected[0]), f"len(sampler) should be {len(expected[0])}, but it is "
-                        f"{got_len}", "len is the number of batches an epoch yields: n // batch_size with drop_last, "
-                        "else rounded up."))
+                        f"{got_len}", "batches per epoch: n // batch_size with drop_last, else rounded up."))
     epochs = []
     for epoch in range(3 if shuffle else 1):  # without shuffling every epoch is the same
         where = case + (f", epoch {epoch + 1}" if shuffle else "")
@@ -91,11 +85,10 @@ def _check_epochs(sampler, expected, lengths, batch_size, drop_last, shuffle, ca
                              f"epoch {epoch + 1} gave the same batch order as epoch 1: {got}",
                              "draw the permutation inside __iter__, so that each epoch is shuffled anew."))
         for k, batch in enumerate(got):
-            if type(batch) is not list:
-                checks.fail(where, f"batch {k} is {_type_name(batch)}: {batch!r}",
-                            "yield each batch as a list of ints, as BatchSampler does.")
-            for idx in (i for i in batch if type(i) is not int):
-                checks.fail(where, f"batch {k} holds {idx!r}, {_type_name(idx)}",
+            checks.first(where, (type(batch) is not list, f"batch {k} is {_type_name(batch)}: {batch!r}",
+                                 "yield each batch as a list of ints, as BatchSampler does."))
+            for i in (i for i in batch if type(i) is not int):
+                checks.fail(where, f"batch {k} holds {i!r}, {_type_name(i)}",
                             "indices must be plain Python ints: convert with int(), or .tolist() a tensor.")
         if got != expected[epoch]:
             checks.fail(where, f"expected batches {expected[epoch]}, but got {got}",
@@ -104,28 +97,24 @@ def _check_epochs(sampler, expected, lengths, batch_size, drop_last, shuffle, ca
 
 def _hint(expected, got, lengths: list[int], batch_size: int, drop_last: bool, shuffle: bool) -> str:
     """The mistake that turns the spec's batches into ``got``."""
-    flat = sorted(i for b in got for i in b)
-    short = len(lengths) % batch_size
+    flat, short = sorted(i for b in got for i in b), len(lengths) % batch_size
     short_batch = f"{short} {'index' if short == 1 else 'indices'}"
-    same_sizes = sorted(map(len, got)) == sorted(map(len, expected))
     if flat != sorted(i for b in expected for i in b):
         dup = next((i for i, c in Counter(flat).items() if c > 1), None)
         missing = sorted({i for b in expected for i in b} - set(flat))
         return first_hint(
             f"index {missing[0]} is never yielded." if missing else "some indices should not be there.",
-            (shuffle and same_sizes, SHUFFLE_HINT),  # the right number and sizes of batches, of the wrong indices
+            (shuffle and sorted(map(len, got)) == sorted(map(len, expected)), SHUFFLE_HINT),  # right sizes, wrong ids
             (drop_last and len(got) == len(expected) + 1 and short and len(got[-1]) == short,
              f"with drop_last=True the last, short batch ({short_batch}) must not be yielded."),
             (not drop_last and len(got) == len(expected) - 1 and short,
              f"with drop_last=False the last, short batch ({short_batch}) must still be yielded."),
             (dup is not None, f"index {dup} is yielded more than once; each index belongs to exactly one batch."))
     if sorted(map(tuple, expected)) == sorted(map(tuple, got)):
-        return ("the batches are right but come in another order: yield batches[i] for i in torch.randperm(number of "
-                "batches, generator=self.generator), one permutation per epoch." if shuffle else
-                "without shuffle the batches come in sorted order: shortest lengths first.")
+        return ("right batches, wrong order: yield batches[i] for i in torch.randperm(len(batches), generator="
+                "self.generator), anew each epoch." if shuffle else "without shuffle, batches go shortest first.")
     if shuffle or [len(b) for b in got] != [len(b) for b in expected]:
-        return SHUFFLE_HINT if shuffle else (f"every batch holds batch_size={batch_size} indices, except perhaps the "
-                                             f"last; your batches hold {[len(b) for b in got]}.")
+        return SHUFFLE_HINT if shuffle else f"batches hold batch_size={batch_size} indices, the last perhaps fewer."
     order = [i for b in got for i in b]
     pairs = list(zip(order, order[1:]))
     longer = next(((a, b) for a, b in pairs if lengths[b] < lengths[a]), None)

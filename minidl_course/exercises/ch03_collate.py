@@ -1,5 +1,5 @@
-"""Checker for ch03_collate: a collate function that pads token ids and returns a mask (notebook 03). The expected
-batches come from torch's ``pad_sequence``."""
+"""Checker for ch03_collate: a collate function that pads token ids and returns a mask (notebook 03), held to
+torch's ``pad_sequence``."""
 
 from __future__ import annotations
 
@@ -13,17 +13,14 @@ import numpy as np
 from minidl_course.exercises._common import _Checks, _loaders, _torch, _type_name, call, first_difference, first_hint
 
 Sample = dict[str, Any]  # one item of make_token_samples: {"tokens": 1-d int64 array, "label": int}
-DELEGATED = ("your collate hands the padding to {0}: write it yourself (torch.zeros, then copy each sample into "
-             "its row); the library's pad functions are what you use once you know what they do.")
-DTYPE_HINTS = {"tokens": "token ids are integers: create the tensor with dtype=torch.int64 (torch.zeros makes "
-                         "float32 unless told otherwise).",
+DELEGATED = "your collate hands the padding to {0}: write it yourself (torch.zeros, then copy in each sample)."
+DTYPE_HINTS = {"tokens": "token ids need dtype=torch.int64 (torch.zeros makes float32 unless told otherwise).",
                "mask": "the mask is boolean: dtype=torch.bool, or compare (e.g. positions < lengths).",
                "label": "labels are integers: dtype=torch.int64."}
 
 
 def make_token_samples(n: int, seed: int = 0, max_len: int = 12, zero_tokens: bool = False) -> list[Sample]:
     """``n`` samples ``{"tokens": 1..max_len token ids from 1 to 99 (from 0 with zero_tokens), "label": 0 or 1}``.
-
     >>> [(s["tokens"].tolist(), s["label"]) for s in make_token_samples(2, seed=1, max_len=4)]
     [([51, 75], 1), ([15], 1)]
     """
@@ -61,7 +58,6 @@ def check_collate(collate_fn: Callable[[list[Sample]], Any]) -> None:
     """Check ch03_collate: ``collate_fn(batch)`` against the spec on many batches, then inside both loaders."""
     torch = _torch()
     from minidl_course import padding
-
     library = {"torch.nn.utils.rnn.pad_sequence": (torch.nn.utils.rnn.pad_sequence,),
                "minidl_course.padding.pad_sequence": (padding.pad_sequence,),
                "minidl_course.padding.pad_collate": (padding.pad_collate,)}
@@ -79,21 +75,17 @@ def check_collate(collate_fn: Callable[[list[Sample]], Any]) -> None:
         checks.first(case, (sorted(got) != sorted(expected), f"the result should have the keys {sorted(expected)}, "
                             f"but it has {sorted(got)}", ""))
         for key in expected:
-            problem = first_difference(expected[key], got[key], where=f"batch[{key!r}]")
-            if problem:
+            if problem := first_difference(expected[key], got[key], where=f"batch[{key!r}]"):
                 checks.fail(case, problem, _hint(key, got[key], expected[key], batch))
         checks.passed += 1
     samples = make_token_samples(10, seed=99, zero_tokens=True)
-    saved_rng = torch.get_rng_state()  # every epoch of a DataLoader draws a base seed from it
-    try:
+    with torch.random.fork_rng(devices=[]):  # every epoch of a DataLoader draws a base seed from the global RNG
         for name, loader_cls in _loaders():
             problem = first_difference(list(loader_cls(samples, batch_size=4, collate_fn=expected_collate)),
                                        list(loader_cls(samples, batch_size=4, collate_fn=collate_fn)), "batches")
             checks.first(f"{name}(make_token_samples(10, seed=99, zero_tokens=True), batch_size=4, collate_fn=yours)",
                          (problem, problem, ""))
             checks.passed += 1
-    finally:
-        torch.set_rng_state(saved_rng)
     checks.done()
 
 
@@ -105,12 +97,10 @@ def _hint(key: str, value, want, batch: Sequence[Sample]) -> str:
         return "turn lists and arrays into tensors: torch.tensor(...) or torch.as_tensor(...)."
     if value.dtype != want.dtype:
         return DTYPE_HINTS[key]
-    if value.shape != want.shape:
-        return "one label per sample." if key == "label" else (f"{len(batch)} rows (one per sample) by {max(lengths)} "
-                                                               "columns (the longest sample in this batch, not a "
-                                                               "fixed length).")
     if key == "label":
-        return "label[i] is sample i's label, in batch order."
+        return "one label per sample." if value.shape != want.shape else "label[i] is sample i's label, in batch order."
+    if value.shape != want.shape:
+        return f"{len(batch)} rows (one per sample) by {max(lengths)} columns (the longest here, not a fixed length)."
     i, j = (int(v) for v in torch.nonzero(value != want)[0])
     if key == "mask":
         return (f"sample {i} has a real token 0 at position {j}: build the mask from the lengths, not from tokens != 0."
@@ -120,7 +110,5 @@ def _hint(key: str, value, want, batch: Sequence[Sample]) -> str:
     for r, n in enumerate(lengths):
         left[r, left.shape[1] - n :] = torch.as_tensor(batch[r]["tokens"])
     return first_hint(f"row {i} starts with sample {i}'s tokens, in order.",
-                      (torch.equal(value, left), "each row starts with its sample's tokens; the padding goes on the "
-                       "right."),
-                      (j >= lengths[i], f"row {i} has {lengths[i]} real tokens; the positions after them hold the "
-                       "padding id 0."))
+                      (torch.equal(value, left), "each row starts with its tokens; the padding goes on the right."),
+                      (j >= lengths[i], f"row {i} has {lengths[i]} real tokens; the positions after them hold 0."))

@@ -1,6 +1,5 @@
-"""Checker for ch04_slow_sample: find, from a loader's trace, the one sample that makes an epoch slow (notebook 04).
-``find_slow_sample(loader)`` gets a traced DataLoader whose dataset does not say which sample is slow; the checker
-times every sample itself and compares."""
+"""Checker for ch04_slow_sample (notebook 04): name, from a traced loader, the one sample that makes an epoch slow;
+the dataset does not say which, and the checker times every sample itself."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ from minidl.dataloader import DataLoader
 from minidl.dataset import Dataset
 from minidl_course.exercises._common import _Checks, _short, _torch, call, first_hint
 
-# What a dataset that knows it is slow would give away, and the instance's namespace that holds it
-# (`dataset.__dict__[...]`, vars(dataset) and dir(dataset) all read it through __getattribute__).
+# What would give the slow sample away, and the namespace that holds it (vars() and dir() read it through it too)
 PEEKED_THROUGH = ("slow_index", "slow_delay", "delay", "__dict__")
 DIRECT_CALLS: list[int] = []  # samples fetched in this process by code other than a loader's (yours, timing them)
 # (n, slow index, batch size, workers, shuffle): workers or not, shuffled or not
@@ -28,11 +26,8 @@ def _fields(dataset: SlowSampleDataset) -> tuple:
 
 
 class SlowSampleDataset(Dataset):
-    """Items ``0 .. n-1``; each takes ``delay`` seconds, except ``slow_index``, which takes ``slow_delay``.
-
-    Reading what makes it slow from outside is noted in ``peeks``: an answer must come from measuring. A tripwire
-    for an honest shortcut, not a sandbox: ``object.__getattribute__`` or ``gc`` get past it.
-    """
+    """Items ``0 .. n-1``, each taking ``delay`` seconds, ``slow_index`` taking ``slow_delay``. Reading those from
+    outside is noted in ``peeks``: an answer must measure. A tripwire, not a sandbox (``gc`` gets past it)."""
 
     def __init__(self, n: int, slow_index: int, delay: float = 0.002, slow_delay: float = 0.08) -> None:
         self.n, self.slow_index, self.delay, self.slow_delay = n, slow_index, delay, slow_delay
@@ -83,12 +78,10 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
                           f"your function raised ValueError: {e}, with the trace still empty", "the trace fills as "
                           "the loader runs: iterate over the loader (one epoch) first, then read loader.trace.")))
         checks.first(case, (DIRECT_CALLS, f"your function fetched {len(DIRECT_CALLS)} samples itself (dataset[i]), "
-                            "outside the loader", "timing each sample yourself is a second epoch, one sample at a "
-                            "time; the loader's trace has already timed every getitem in the epoch it ran: read it "
-                            "there."),
+                            "outside the loader", "the loader's trace has already timed every getitem of its epoch: "
+                            "read it there, not in a second epoch one sample at a time."),
                      (loader.dataset.peeks, f"your function read the dataset's {(loader.dataset.peeks or [''])[0]!r}",
-                      "a dataset doesn't know which sample is slow; the loader's trace does: find it there, by "
-                      "measuring, as you would on your own data."))
+                      "a dataset doesn't know its slow sample; the loader's trace does: find it there, by measuring."))
         times = []  # the checker's own measurement: each dataset[i] timed in this process, one at a time
         for i in range(n):
             start = time.perf_counter()
@@ -97,15 +90,14 @@ def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
         slowest = max(range(n), key=times.__getitem__)
         took_ms, median_ms = f"{times[slowest] * 1e3:.0f} ms", f"{statistics.median(times) * 1e3:.1f} ms"
         checks.first(case, (type(answer) is not int, f"your function returned {_short(answer)}",
-                            "return the sample's index as a plain int, e.g. int(row['index'])."))
-        if answer != slowest:
-            checks.fail(case, f"your function said sample {answer}, but I timed each of the {n} samples myself: "
-                        f"sample {slowest} took {took_ms}, the median {median_ms}",
-                        _wrong_answer_hint(loader, answer, slowest, batch_size, shuffle))
+                            "return the sample's index as a plain int, e.g. int(row['index'])."),
+                     (answer != slowest, f"your function said sample {answer}, but I timed each of the {n} samples "
+                      f"myself: sample {slowest} took {took_ms}, the median {median_ms}", answer != slowest
+                      and _wrong_answer_hint(loader, answer, slowest, batch_size, shuffle)))
         report.append(f"  {case}: sample {slowest}, {took_ms} (median {median_ms})")
         checks.passed += 1
-    print("What I measured, timing every sample myself; your function named the slow one each time:")
-    print("\n".join(report))
+    print("\n".join(["What I measured, timing every sample myself; your function named the slow one each time:",
+                     *report]))
     checks.done()
 
 
@@ -115,18 +107,16 @@ def _wrong_answer_hint(loader: DataLoader, answer, slowest: int, batch_size: int
     slow = next((r for r in rows if r.get("index") == slowest), None)
     fastest = bool(rows) and answer == min(rows, key=lambda r: r["end"] - r["start"]).get("index")
     fastest_hint = "that is the fastest sample: take the getitem row with the longest end - start (max, not min)."
-    started_last = ("that sample started last, it wasn't the slowest: a row's duration is row['end'] - row['start']; "
-                    "take the getitem row with the longest one.")
+    started_last = "that sample started last, it wasn't the slowest: take the row with the longest end - start."
     near = [hint for holds, hint in ((answer in (slowest - 1, slowest + 1), "off by one: return row['index'] as the "
                                       "trace has it (0-based)."), (fastest, fastest_hint)) if holds]
     return first_hint(
-        " Or: ".join(near) or "look at the getitem rows of loader.trace.rows(): the one with the longest end - start "
-        "is the slow sample, and row['index'] is its index.",
+        " Or: ".join(near) or "the getitem row of loader.trace.rows() with the longest end - start is the slow "
+        "sample; row['index'] is its index.",
         (slow is not None and answer == slow["batch"], f"{answer} is the number of the batch that held the slow "
-         "sample; each getitem row carries the sample's own index in row['index']."),
+         "sample; its own index is row['index']."),
         (rows and answer == max(rows, key=lambda r: r["start"]).get("index"),  # the last can be the fastest
          f"{fastest_hint} Or: {started_last}" if fastest else started_last),
         (shuffle and slow is not None
          and answer == slow["batch"] * batch_size + [r for r in rows if r["batch"] == slow["batch"]].index(slow),
-         "this loader shuffles: a sample's place in the epoch is not its index. Read the index the getitem row "
-         "carries, row['index']."))
+         "this loader shuffles: a sample's place in the epoch is not its index; read row['index']."))

@@ -35,17 +35,14 @@ class AugmentedDataset(Dataset):
         return index, float(self.rng.random())
 
 
-SEED_NUMPY = ("toy.seed_numpy_from_worker reseeds NumPy's global stream: the library's fix for a dataset that "
-              "draws from it. ")
-DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: derive a seed from info.seed and "
-             "give the dataset a generator of its own; that is what this exercise practises.")
+SEED_NUMPY = "toy.seed_numpy_from_worker reseeds NumPy's global stream, for a dataset that draws from it. "
+DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: give the dataset a generator of its own, "
+             "seeded from info.seed.")
 
 
 def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) -> tuple[list[float], SeenInfo, bool]:
-    """Call ``worker_init_fn`` as worker ``worker_id`` whose seed is ``seed``: its dataset's draws, what it read, and
-    whether it moved NumPy's global stream."""
+    """``worker_init_fn`` run as a worker: its dataset's draws, the info it read, if NumPy's global stream moved."""
     from minidl_course import toy
-
     dataset = AugmentedDataset(8)
     info = SeenInfo(worker_id, num_workers, seed, dataset, rng=object())  # reading info.rng is noted: the loader's fix
     with as_worker(info):
@@ -57,8 +54,7 @@ def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) ->
         after = np.random.get_state()
     if "rng" in info.read:
         checks.fail(case, "your worker_init_fn read get_worker_info().rng", DELEGATED.format("used info.rng"))
-    return [dataset[0][1] for _ in range(4)], info, not (seeded[0] == after[0] and np.array_equal(seeded[1], after[1])
-                                       and seeded[2:] == after[2:])
+    return [dataset[0][1] for _ in range(4)], info, not all(map(np.array_equal, seeded, after))
 
 
 def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
@@ -75,28 +71,25 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
             if got == untouched:
                 checks.fail(where, f"the dataset still draws {got[:2]}..., as it did before your worker_init_fn: "
                             "every worker would draw these same numbers", first_hint(
-                                "give the worker's dataset a new generator: dataset.rng = np.random.default_rng(a "
-                                "seed made from info.seed).",
-                                (touched_global, "you reseeded NumPy's global stream, but this dataset draws from its "
-                                 "own generator, dataset.rng: reseed that one, get_worker_info().dataset.rng."),
-                                ("dataset" not in info.read, "reseed the worker's own copy, get_worker_info().dataset: "
-                                 "a dataset from the notebook is not the one the worker draws from.")))
+                                "set dataset.rng = np.random.default_rng(a seed made from info.seed).",
+                                (touched_global, "you reseeded NumPy's global stream, but this dataset draws from "
+                                 "dataset.rng: reseed get_worker_info().dataset.rng."),
+                                ("dataset" not in info.read, "reseed the worker's own copy, get_worker_info().dataset, "
+                                 "not a dataset from the notebook.")))
             again = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)[0]
-            if again != got:
-                checks.fail(where, f"called twice with the same info.seed, your worker_init_fn gave draws {got[:2]}... "
-                            f"and then {again[:2]}...", "seed from info.seed, not from the clock or the OS: then a run "
-                            "can be repeated exactly.")
+            checks.first(where, (again != got, f"called twice with the same info.seed, your worker_init_fn gave draws "
+                                 f"{got[:2]}... and then {again[:2]}...", "seed from info.seed, not from the clock or "
+                                 "the OS, so that a run can be repeated."))
             draws.append(got)
             checks.passed += 1
-        for k in (k for k in range(1, num_workers) if draws[k] == draws[0]):
-            checks.fail(case, f"workers 0 and {k} draw the same numbers: {draws[0][:2]}...",
-                        "make the seed depend on the worker: info.seed already differs from worker to worker.")
+        checks.first(case, *((True, f"workers 0 and {k} draw the same numbers: {draws[0][:2]}...", "make the seed "
+                              "depend on the worker, as info.seed does.") for k in range(1, num_workers)
+                             if draws[k] == draws[0]))
     next_epoch = _as_worker_of(worker_init_fn, 0, 2, 555, "worker 0 of another epoch (info.seed=555)", checks)[0]
     first_epoch = _as_worker_of(worker_init_fn, 0, 2, 1234, "worker 0 (info.seed=1234)", checks)[0]
-    if next_epoch == first_epoch:
-        checks.fail("worker 0 in two epochs (info.seed 1234, then 555)", f"worker 0 draws {first_epoch[:2]}... in both",
-                    "each epoch's workers get a new info.seed; derive the generator's seed from it, not from "
-                    "worker_id alone, or every epoch repeats the same augmentations.")
+    checks.first("worker 0 in two epochs (info.seed 1234, then 555)", (next_epoch == first_epoch, "worker 0 draws "
+                 f"{first_epoch[:2]}... in both", "derive the seed from info.seed, new each epoch, not from worker_id "
+                 "alone, or every epoch repeats the same augmentations."))
     checks.passed += 1
     for name, loader_cls in _loaders():
         case = f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=yours)"
@@ -104,15 +97,12 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
             loaders = [loader_cls(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=worker_init_fn,
                                   generator=_torch().Generator().manual_seed(7)) for _ in range(2)]  # two runs
             (first, second), again = [[[float(x) for _, d in ld for x in d] for _ in range(2)] for ld in loaders]
-        repeated = [x for x in set(first) if first.count(x) > 1]
-        if repeated:
-            checks.fail(case, f"the draw {repeated[0]:.6f} came {first.count(repeated[0])} times in one epoch",
-                        "each worker needs a generator of its own, seeded from get_worker_info().seed.")
-        if set(first) & set(second):
-            checks.fail(case, "the second epoch repeated draws of the first",
-                        "derive the seed from info.seed, which changes every epoch.")
-        if [first, second] != again:
-            checks.fail(case, "two runs with generator=torch.Generator().manual_seed(7) drew different numbers",
-                        "seed from info.seed only, so that the loader's generator decides everything.")
+        repeated = next((x for x in first if first.count(x) > 1), 0.0)
+        checks.first(case, (first.count(repeated) > 1, f"the draw {repeated:.6f} came {first.count(repeated)} times "
+                            "in one epoch", "give each worker a generator of its own, seeded from info.seed."),
+                     (set(first) & set(second), "the second epoch repeated draws of the first",
+                      "derive the seed from info.seed, which changes every epoch."),
+                     ([first, second] != again, "two runs with generator=torch.Generator().manual_seed(7) drew "
+                      "different numbers", "seed from info.seed only, so that the loader's generator decides all."))
         checks.passed += 1
     checks.done()

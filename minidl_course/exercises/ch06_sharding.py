@@ -16,8 +16,7 @@ import numpy as np
 
 from minidl_course.exercises._common import _Checks, _loaders, yours
 
-DELEGATED = ("your worker_init_fn {0}: set this worker's start and end on get_worker_info().dataset yourself; that "
-             "is what this exercise practises.")
+DELEGATED = "your worker_init_fn {0}: set this worker's start and end on get_worker_info().dataset yourself."
 NONE_INFO = ("call torch.utils.data.get_worker_info() (minidl's workers set it too); minidl.get_worker_info() "
              "is set only by minidl's own workers, so under torch's DataLoader it returns None.")
 
@@ -25,15 +24,14 @@ NONE_INFO = ("call torch.utils.data.get_worker_info() (minidl's workers set it t
 def range_stream(start: int, end: int):
     """A ``RangeStream(start, end)``: a torch IterableDataset of ``start .. end-1`` that doesn't shard itself."""
     from minidl_course.exercises.ch06_streams import RangeStream
-
     return RangeStream(start, end)
 
 
 class SeenInfo(SimpleNamespace):
     """A stand-in for the WorkerInfo a worker sees, noting in ``read`` which of its attributes were read."""
 
-    def __init__(self, id: int, num_workers: int, seed: int, dataset: Any, rng: Any = None) -> None:  # noqa: A002
-        super().__init__(id=id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng, read=[],
+    def __init__(self, worker_id: int, num_workers: int, seed: int, dataset: Any, rng: Any = None) -> None:
+        super().__init__(id=worker_id, num_workers=num_workers, seed=seed, dataset=dataset, rng=rng, read=[],
                          worker_method="multiprocessing")
 
     def __getattribute__(self, name: str) -> Any:
@@ -44,13 +42,12 @@ class SeenInfo(SimpleNamespace):
 
 @contextmanager
 def as_worker(info: Any) -> Iterator[None]:
-    """Be worker ``info.id`` here for a while, as far as a ``worker_init_fn`` can tell: ``get_worker_info()``
-    returns ``info``, and the RNGs are seeded as torch seeds a worker's. All of it is put back after."""
+    """Be worker ``info.id`` here for a while, as a ``worker_init_fn`` sees it: ``get_worker_info()`` returns
+    ``info``, the RNGs are seeded as torch seeds a worker's; all put back after."""
     import torch
     import torch.utils.data._utils.worker as torch_worker
 
     from minidl.worker import _InProcess
-
     saved = torch_worker._worker_info, random.getstate(), np.random.get_state(), torch.get_rng_state()
     threads, torch_worker._worker_info = torch.get_num_threads(), info
     try:
@@ -74,10 +71,8 @@ def call_as_worker(worker_init_fn: Callable[[int], None], dataset: Any, worker_i
 
 def none_info(checks: _Checks, case: str) -> Callable[[Exception], None]:
     """An ``explain`` for ``yours``: an error about None is get_worker_info() returning None."""
-    def explain(e: Exception) -> None:
-        if "NoneType" in str(e):
-            checks.fail(case, f"your worker_init_fn raised {type(e).__name__}: {str(e).splitlines()[-1]}", NONE_INFO)
-    return explain
+    return lambda e: checks.first(case, ("NoneType" in str(e), f"your worker_init_fn raised {type(e).__name__}: "
+                                         f"{''.join(str(e).splitlines()[-1:])}", NONE_INFO))
 
 
 @contextmanager
@@ -94,12 +89,10 @@ def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
     from torch.utils.data import graph_settings
 
     from minidl_course import toy
-
     checks = _Checks(worker_init_fn)
     library = {"ran minidl's self-sharding toy.ShardedRange": (toy.ShardedRange,),
                "called torch's apply_sharding": (graph_settings.apply_sharding,)}
-    # 10 items on 3 workers: shards of 4, 4 and 2 (the spec's; 3, 3, 4 is refused); one not starting at 0; more
-    # workers than items (one gets nothing); an empty stream; then seeded random ones
+    # 10 items on 3 workers: shards of 4, 4 and 2 (3, 3, 4 is refused); not from 0; more workers than items; empty
     rng = random.Random(0)
     for start, end, num_workers in [(0, 10, 1), (0, 10, 2), (0, 10, 3), (5, 12, 3), (0, 2, 3), (4, 4, 2)] + [
             (s := rng.randint(0, 20), s + rng.randint(0, 30), rng.randint(1, 6)) for _ in range(20)]:
@@ -107,16 +100,14 @@ def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
         checks.passed += 1
     if (method := multiprocessing.get_start_method()) != "fork":
         checks.refuse_cell_function(worker_init_fn, f"workers started with {method} can't import a function defined "
-                                    "in a notebook cell", "write it into a module file and import it from there "
-                                    "(exercise ch05_worker_loop shows how).")
+                                    "in a notebook cell", "import it from a module file (as in ch05_worker_loop).")
     for (name, loader_cls), num_workers in ((loader, k) for loader in _loaders() for k in (1, 2, 3)):
         case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
         with in_loader(case, checks):
             got = [int(x) for batch in loader_cls(range_stream(3, 20), batch_size=2, num_workers=num_workers,
                                                   worker_init_fn=worker_init_fn) for x in batch]
-        counts = Counter(got)
-        wrong = sorted(i for i, c in counts.items() if c > 1) or [i for i in range(3, 20) if i not in counts]
-        if wrong or len(got) != 17:
+        counts = Counter(got)  # a sample outside 3 .. 19, twice, or missing
+        if wrong := sorted(i for i in counts if counts[i] > 1 or not 3 <= i < 20) or sorted({*range(3, 20)} - {*got}):
             what = f"came {counts[wrong[0]]} times" if counts[wrong[0]] else "never came"
             checks.fail(case, f"sample {wrong[0]} {what} (all: {sorted(got)})",
                         "each of 3 .. 19 must come exactly once.")
@@ -128,7 +119,6 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, librar
     """``worker_init_fn`` called as each of ``num_workers`` workers of ``RangeStream(start, end)``: the spec's split."""
     from minidl_course import toy
     from minidl_course.exercises.ch06_streams import RangeStream
-
     case, shards = f"RangeStream({start}, {end}) with num_workers={num_workers}", []
     for worker_id in range(num_workers):
         dataset = RangeStream(start, end)  # each worker has its own copy
@@ -136,45 +126,39 @@ def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, librar
         with as_worker(info):
             checks.watched(library, where, "your worker_init_fn {0}", DELEGATED, worker_init_fn, worker_id,
                            what="worker_init_fn", explain=none_info(checks, where))
-        if isinstance(dataset, toy.ShardedRange):
-            checks.fail(where, "your worker_init_fn turned the dataset into minidl's toy.ShardedRange",
-                        DELEGATED.format("swapped in minidl's own self-sharding dataset"))
-        if type(dataset) is not RangeStream or "__iter__" in vars(dataset):
-            checks.fail(where, f"your worker_init_fn replaced the dataset's iteration (it is now a "
-                        f"{type(dataset).__name__})", "keep the dataset's own class and __iter__, and set only its "
-                        "start and end for this worker; that is what this exercise practises.")
+        checks.first(where, (isinstance(dataset, toy.ShardedRange), "your worker_init_fn turned the dataset into "
+                             "minidl's toy.ShardedRange", DELEGATED.format("swapped in minidl's own sharding dataset")),
+                     (type(dataset) is not RangeStream or "__iter__" in vars(dataset), "your worker_init_fn replaced "
+                      f"the dataset's iteration (it is now a {type(dataset).__name__})", "keep the dataset's class "
+                      "and __iter__; set only its start and end for this worker."))
         if num_workers > 1 and "dataset" not in info.read and (dataset.start, dataset.end) == (start, end):
             checks.fail(where, "your worker_init_fn never read get_worker_info().dataset, and the worker's dataset "
-                        f"still streams all of {start} .. {end - 1}", "each worker has its own copy of the dataset, "
-                        "get_worker_info().dataset: change that one; changing a dataset from the notebook does "
-                        "nothing to the copies the workers stream.")
+                        f"still streams all of {start} .. {end - 1}", "change each worker's own copy, "
+                        "get_worker_info().dataset: changing a dataset from the notebook does not reach the workers.")
         shards.append((worker_id, dataset.start, dataset.end))
     counts = Counter(i for _, lo, hi in shards for i in range(lo, hi))
     described = ", ".join(f"worker {w}: [{lo}, {hi})" for w, lo, hi in shards)
-    outside = sorted(i for i in counts if not start <= i < end)
+    outside, twice = sorted(i for i in counts if not start <= i < end), sorted(i for i, c in counts.items() if c > 1)
     if outside:
         checks.fail(case, f"your shards are {described}; sample {outside[0]} is not in the stream",
                     f"the shards must split [start, end) = [{start}, {end}) and stay inside it.")
-    twice = sorted(i for i, c in counts.items() if c > 1)
-    if twice and num_workers > 1 and all((lo, hi) == (start, end) for _, lo, hi in shards):
-        checks.fail(case, f"every worker kept the whole range: {described}", "set info.dataset.start and "
-                    "info.dataset.end to this worker's part, from info.id and info.num_workers.")
+    checks.first(case, (twice and num_workers > 1 and all((lo, hi) == (start, end) for _, lo, hi in shards), "every "
+                        f"worker kept the whole range: {described}", "set info.dataset.start and info.dataset.end to "
+                        "this worker's part, from info.id and info.num_workers."))
     if twice:
         who = [f"worker {w}" for w, lo, hi in shards if lo <= twice[0] < hi]
         checks.fail(case, f"your shards are {described}; sample {twice[0]} is in {' and '.join(who)}",
                     "set the end of each worker's part as well as its start: only the last part runs to the end."
                     if any(hi == end for _, _, hi in shards[:-1])
                     else "the shards must not overlap: worker k's part ends where worker k + 1's begins.")
-    missing = [i for i in range(start, end) if i not in counts]
-    if missing:
+    if missing := [i for i in range(start, end) if i not in counts]:
         checks.fail(case, f"your shards are {described}; sample {missing[0]} is in none of them",
-                    f"the last samples belong to no worker: with {end - start} samples and {num_workers} workers, "
-                    "round the shard size up, -(-(end - start) // num_workers), and cap each end at end."
-                    if missing[-1] == end - 1 else "every sample must belong to some worker.")
+                    f"the last samples belong to no worker: round the shard size up (-(-{end - start} // {num_workers})"
+                    ") and cap each end at end." if missing[-1] == end - 1 else "every sample must belong to a worker.")
     per = -(-(end - start) // num_workers)
     for w, lo, hi in shards:
         want = (min(start + w * per, end), min(start + (w + 1) * per, end))
         if (lo, hi) != want and not (want[0] == want[1] and lo >= hi):
             checks.fail(case, f"your shards are {described}; each sample comes once, but worker {w}'s part should be "
-                        f"[{want[0]}, {want[1]})", f"the spec's split: contiguous parts of ceil({end - start} / "
-                        f"{num_workers}) = {per} samples in worker order, the last one shorter (or empty).")
+                        f"[{want[0]}, {want[1]})", f"contiguous parts of ceil({end - start} / {num_workers}) = {per} "
+                        "samples in worker order, the last one shorter (or empty).")

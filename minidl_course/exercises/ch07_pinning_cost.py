@@ -1,13 +1,12 @@
-"""Checker for exercise ch07: what page-locking a fresh buffer for every batch costs, measured without a GPU.
-``pin_copy(batch, lock_pages)`` copies a batch into a fresh buffer locked with ``lock_pages`` (``mlock``); the checker
-times it against a copy into a reused buffer and holds ``ratio`` and ``reuse_pays`` to that."""
+"""Checker for ch07: what page-locking (``mlock``) a fresh buffer per batch costs, without a GPU: ``pin_copy`` timed
+against a copy into a reused buffer, and the learner's ``ratio`` and ``reuse_pays`` held to that."""
 
 from __future__ import annotations
 
 import contextlib
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -34,16 +33,14 @@ def copy_into(out: np.ndarray, batch: np.ndarray) -> np.ndarray:
     return out
 
 
-@dataclass(frozen=True)
-class Measured:
+class Measured(NamedTuple):
     """Seconds per batch for each way, per round; ``ratio`` is the median of the per-round ratios."""
-
     pinned: list[float]
     reused: list[float]
 
     @property
     def ratio(self) -> float:
-        return float(np.median([p / r for p, r in zip(self.pinned, self.reused)]))
+        return harness.median_ratio(self._asdict(), "pinned", "reused")
 
 
 def measure(pin_copy: Callable[..., np.ndarray], rounds: int = ROUNDS) -> Measured:
@@ -51,23 +48,17 @@ def measure(pin_copy: Callable[..., np.ndarray], rounds: int = ROUNDS) -> Measur
     interleaved rounds."""
     batch = make_batch()
     reused = np.empty_like(batch)
-
-    def pinned() -> None:
-        for _ in range(CALLS_PER_ROUND):  # each result dropped, as a loader drops a batch: glibc reuses its pages
-            pin_copy(batch, pinning_demo.lock_pages)
-
-    def copied() -> None:
-        for _ in range(CALLS_PER_ROUND):
-            copy_into(reused, batch)
-
-    times = harness.interleaved({"pinned": pinned, "reused": copied}, rounds=rounds)
+    # deque(maxlen=0) drops each result, as a loader drops a batch: glibc reuses its pages
+    times = harness.interleaved({
+        "pinned": lambda: deque((pin_copy(batch, pinning_demo.lock_pages) for _ in range(CALLS_PER_ROUND)), 0),
+        "reused": lambda: deque((copy_into(reused, batch) for _ in range(CALLS_PER_ROUND)), 0)}, rounds=rounds)
     return Measured(*([t / CALLS_PER_ROUND for t in times[way]] for way in ("pinned", "reused")))
 
 
 def check_pin_copy(pin_copy: Callable[..., np.ndarray], ratio: Any, reuse_pays: Any,
                    measure: Callable[[Callable], Measured] = measure) -> Measured:
     """Check ch07: ``pin_copy`` copies into a fresh, locked buffer; ``ratio`` and ``reuse_pays`` match a measurement
-    (taken twice if the first disagrees). Prints what it measured; raises AssertionError at the first problem."""
+    (taken twice if the first disagrees), which it prints."""
     return harness.measure_then_judge(
         [pin_copy], lambda checks: check_copies(pin_copy, checks),
         lambda: harness.unless_close(lambda: measure(pin_copy), ratio, lambda m: m.ratio, RATIO_FACTOR),
@@ -92,27 +83,21 @@ def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
         before, case = batch.copy(), f"pin_copy(batch of {nbytes:,} bytes, shape {batch.shape}), call {seed + 1}"
         locked.clear()
         out = call(pin_copy, batch, spy, what="pin_copy", case=case)
-        if not np.array_equal(batch, before):
-            checks.fail(case, "pin_copy changed the batch", "copy from the batch into the new buffer, never the other "
-                        "way.")
         differs = first_difference(batch, out, "the copy")
-        if differs:
-            checks.fail(case, differs, "return a new buffer holding the copy: np.empty_like(batch) makes one of the "
-                        "batch's shape and dtype; np.copyto(out, batch) fills it.")
-        if np.shares_memory(out, batch):
-            checks.fail(case, "the returned array is the batch itself (or a view of it), not a copy",
-                        "pinning copies: the page-locked buffer is new memory, which the batch is copied into.")
+        checks.first(case, (not np.array_equal(batch, before), "pin_copy changed the batch", "copy from the batch into "
+                            "the new buffer, never the other way."),
+                     (differs, differs, "return a new buffer holding the copy: np.empty_like(batch) makes one of the "
+                      "batch's shape and dtype; np.copyto(out, batch) fills it."))
         again = next((k + 1 for k, old in enumerate(returned) if np.shares_memory(out, old)), 0)
-        if again:
-            checks.fail(case, f"the buffer returned is the one call {again} returned",
-                        "this exercise measures a fresh buffer per batch: allocate it inside pin_copy (buffers kept "
-                        "from earlier calls, one or several, are the reuse that ratio is compared with).")
-        if not locked:
-            checks.fail(case, "pin_copy never called lock_pages", "lock the new buffer: `with lock_pages(out):` around "
-                        "the copy. Copying alone (as FakePinnable.pin_memory does) is only half of pinning.")
-        if not any(np.shares_memory(pages, out) for pages in locked):
-            checks.fail(case, "lock_pages was called, but not on the buffer you returned",
-                        "lock the new buffer you copy into, not the batch.")
+        checks.first(case, (np.shares_memory(out, batch), "the returned array is the batch itself (or a view of it), "
+                            "not a copy", "pinning copies: the page-locked buffer is new memory."),
+                     (again, f"the buffer returned is the one call {again} returned", "this exercise measures a fresh "
+                      "buffer per batch: allocate it inside pin_copy (buffers kept from earlier calls, one or several, "
+                      "are the reuse that ratio is compared with)."),
+                     (not locked, "pin_copy never called lock_pages", "lock the new buffer: `with lock_pages(out):` "
+                      "around the copy. Copying alone (as FakePinnable.pin_memory does) is only half of pinning."),
+                     (not any(np.shares_memory(pages, out) for pages in locked), "lock_pages was called, but not on "
+                      "the buffer you returned", "lock the new buffer you copy into, not the batch."))
         returned.append(out)
         checks.passed += 1
 
@@ -126,20 +111,18 @@ def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | Non
         "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.",
         f"that is more than {RATIO_FACTOR}x away from the median of the checker's rounds (measured twice if "
         "the first disagreed)",
-        "time both in interleaved rounds (several calls per round, each result dropped before the next call: "
-        "buffers kept alive in a list cost more, since the allocator cannot hand their memory back), and report "
-        "the median of the per-round ratios pin_copy time / reused copy time.",
+        "time both in interleaved rounds of several calls, dropping each result (buffers kept alive cost more: the "
+        "allocator can't reuse their memory), and report the median per-round ratio pin_copy / reused copy.",
         "you divided the other way round: pin_copy's time / the reused copy's time.")
     case = f"reuse_pays={reuse_pays!r}, with pinning a fresh buffer {measured.ratio:.2f}x a reused copy"
-    if not isinstance(reuse_pays, bool):
-        checks.fail(case, f"reuse_pays should be True or False, but it is {reuse_pays!r}",
-                    "answer with a bool: True if your ratio says a reused buffer is much cheaper.")
-    if measured.ratio >= REUSE_PAYS and not reuse_pays:
-        checks.fail(case, f"a fresh locked buffer costs {measured.ratio:.1f}x a reused copy, so reusing pays",
-                    "your own ratio says it: every fresh buffer pays for locking its pages; a reused one paid once.")
-    if measured.ratio <= REUSE_DOES_NOT_PAY and reuse_pays:
-        checks.fail(case, f"a fresh locked buffer costs only {measured.ratio:.2f}x a reused copy here",
-                    "with so small a difference, reusing buffers would not pay: answer False.")
+    checks.first(case, (not isinstance(reuse_pays, bool), f"reuse_pays should be True or False, but it is "
+                        f"{reuse_pays!r}", "answer with a bool: True if your ratio says reusing is much cheaper."),
+                 (measured.ratio >= REUSE_PAYS and not reuse_pays, f"a fresh locked buffer costs {measured.ratio:.1f}x "
+                  "a reused copy, so reusing pays", "every fresh buffer pays for locking its pages; a reused one paid "
+                  "once."),
+                 (measured.ratio <= REUSE_DOES_NOT_PAY and reuse_pays, f"a fresh locked buffer costs only "
+                  f"{measured.ratio:.2f}x a reused copy here", "so small a difference: reusing would not pay; answer "
+                  "False."))
     if REUSE_DOES_NOT_PAY < measured.ratio < REUSE_PAYS:
         print(f"(the measured ratio {measured.ratio:.2f} is in the band where either answer is accepted)")
     checks.passed += 1
