@@ -4,7 +4,6 @@ against a copy into a reused buffer, and the learner's ``ratio`` and ``reuse_pay
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -48,10 +47,16 @@ def measure(pin_copy: Callable[..., np.ndarray], rounds: int = ROUNDS) -> Measur
     interleaved rounds."""
     batch = make_batch()
     reused = np.empty_like(batch)
-    # deque(maxlen=0) drops each result, as a loader drops a batch: glibc reuses its pages
-    times = harness.interleaved({
-        "pinned": lambda: deque((pin_copy(batch, pinning_demo.lock_pages) for _ in range(CALLS_PER_ROUND)), 0),
-        "reused": lambda: deque((copy_into(reused, batch) for _ in range(CALLS_PER_ROUND)), 0)}, rounds=rounds)
+
+    def pinned() -> None:
+        for _ in range(CALLS_PER_ROUND):  # each result dropped, as a loader drops a batch: glibc reuses its pages
+            pin_copy(batch, pinning_demo.lock_pages)
+
+    def copied() -> None:
+        for _ in range(CALLS_PER_ROUND):
+            copy_into(reused, batch)
+
+    times = harness.interleaved({"pinned": pinned, "reused": copied}, rounds=rounds)
     return Measured(*([t / CALLS_PER_ROUND for t in times[way]] for way in ("pinned", "reused")))
 
 
