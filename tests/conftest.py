@@ -75,7 +75,7 @@ def no_leaks():
     """Fails the test if a worker process, worker thread or shm segment of this test survives it by 5 s."""
     import gc
 
-    before = set(osfacts.shm_files() or [])  # this process's files from earlier tests, and stale ones: see below
+    before = set(osfacts.shm_files() or [])  # this process's files from earlier tests, and stale ones (shm_made_since)
     own = OwnProcesses()
     yield
     gc.collect()

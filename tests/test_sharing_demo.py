@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from conftest import shm_made_since
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader as TorchDataLoader  # noqa: E402
@@ -61,7 +62,7 @@ def test_file_descriptor_strategy_maps_unlinked_files_and_leaves_none_in_dev_shm
     mapped = set(shm_maps(os.getpid())) - before_maps
     assert mapped and all(m.endswith(" (deleted)") for m in mapped)  # unlinked as soon as made
     # A worker still making a prefetched batch may show its file for the moment between creating and unlinking it.
-    assert wait_for(lambda: not set(shm_files(ours)) - stale)
+    assert wait_for(lambda: not shm_made_since(stale, ours))
     del it, batch
     gc.collect()
     assert wait_for(lambda: set(shm_maps(os.getpid())) <= before_maps)
@@ -77,13 +78,13 @@ def test_file_system_strategy_leaves_named_files_until_the_batches_are_freed(no_
                                     worker_init_fn=use_file_system_strategy))
         pids = [w.pid for w in it._workers]
         kept = list(it)
-        named = set(shm_files(pids)) - stale
+        named = shm_made_since(stale, pids)
         assert len(named) == len(kept) == 4
         assert {f"/dev/shm/{n}" for n in named} <= set(shm_maps(os.getpid()))
         assert not shm_fds(os.getpid())  # a name, not a descriptor, is the handle
         del kept
         gc.collect()
-        assert wait_for(lambda: not set(shm_files(pids)) - stale)
+        assert wait_for(lambda: not shm_made_since(stale, pids))
     finally:
         torch.multiprocessing.set_sharing_strategy("file_descriptor")
 
