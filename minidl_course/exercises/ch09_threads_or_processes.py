@@ -80,6 +80,11 @@ class Measured(harness.Rounds):
         best, other = sorted(METHODS, key=medians.get)
         return best, medians[other] / medians[best], harness.Rounds(self[workload]).ratios(other, best)
 
+    def refuses(self, workload: str, answer: str) -> bool:
+        """Whether ``judge`` refuses ``answer``: a clear gap, in the median and every round, the other way."""
+        best, gap, rounds = self.verdict(workload)
+        return min(gap, *rounds) >= BAND and answer != best
+
 
 def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: str) -> tuple[Any, Any, str]:
     """Your ``time_methods`` on ``run`` on the checker's Stopwatch: what it returned, as ``{method: [seconds]}``
@@ -124,8 +129,7 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
                          + f" per epoch (median of {len(measured[name][METHODS[0]])} rounds)" for name in WORKLOADS)
     def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
         # the load may have changed since your cell measured: an answer refused is judged again on a second measurement
-        if not measured.problem and any(min(gap, *rounds) >= BAND and faster[name] != best for name in WORKLOADS
-                                        for best, gap, rounds in [measured.verdict(name)]):
+        if not measured.problem and any(measured.refuses(name, faster[name]) for name in WORKLOADS):
             print("Your answer differs from this measurement, so the checker measures once more:")
             measured = measure(time_methods)
             print(report(measured))
