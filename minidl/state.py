@@ -89,6 +89,9 @@ from minidl.worker import (
 # With n > 1, it ships it only with the tasks just before every n-th one. The loader keeps a snapshot there.
 # Between snapshots, some workers' known states are behind (`stale`).
 # state_dict() then saves the last snapshot and how many tasks were handed out since it.
+# With n = 1 and in order, a worker's state is behind only after a batch that came without one (its dataset's
+# state_dict() raised). So the snapshot is taken only while such a batch waits to be handed out (`_stateless`),
+# and once as it arrives: the same snapshot as at every batch, without its cost at every batch.
 # Those tasks are batches and the errors the consumer caught.
 # The resumed loader fetches them again and drops them (`replay`), errors included, as torchdata does.
 # Out of order, which batches a replay would drop depends on timing.
@@ -250,7 +253,12 @@ def _fingerprint_reader(g) -> Callable[[], Any]:
             # g, held by _Fingerprints.streams, holds bg: the struct stays at this address
             return functools.partial(ctypes.string_at, bg.ctypes.state_address, _MT19937_BYTES)
         return lambda: pickle.dumps(bg.state)  # exact for any bit generator's state, arrays included
-    return lambda: g.get_state().numpy().tobytes()  # a torch.Generator
+    return functools.partial(_torch_state_bytes, g.get_state, g.get_state().numel())  # a torch.Generator
+
+
+def _torch_state_bytes(get_state: Callable[[], Any], size: int) -> bytes:
+    state = get_state()  # a new uint8 tensor: its bytes are read in one go (through NumPy is a copy more)
+    return ctypes.string_at(state.data_ptr(), size)
 
 
 _MT19937_BYTES = 624 * 4 + 4  # uint32_t key[624]; int pos
@@ -751,6 +759,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
         resumed = self._take_resume_state(loader)
         # Out of order, a replay cannot tell which batches were had (see the NOTE), so every batch carries its state.
         self._every = (loader.snapshot_every_n_steps or 0) if loader.in_order else 1
+        self._every_batch = self._every == 1 and loader.in_order  # snapshots only around a batch without its state
         self._continue_from = resumed  # taken by the first _try_put_index
         self._skip_ahead = set()  # out of order: later tasks the consumer had already had before the save
         mid_epoch = resumed is not None and resumed.mid_epoch
@@ -785,6 +794,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
             self._generator_states, self._epoch_draws_base_seed = capture_generators(self._generators), False
         self._stale = [False] * self._num_workers  # True: a batch without its state was handed out since
         self._pending = [deque() for _ in range(self._num_workers)]  # states of batches received, not handed out
+        self._stateless = 0  # batches among them that came without a state
         self._ends = {}  # worker id -> (task idx of its end, its last state), this epoch
         self._exhausted = False
         # Tasks handed out this epoch (batches and errors), per worker: a replay counts them.
@@ -829,21 +839,25 @@ class _StatefulMultiIter(_StatefulIterMixin):
             if isinstance(r[1], _IterableDatasetStopIteration):
                 self._ends[r[1].worker_id] = (idx, state)
             else:
+                if state is None and not self._stateless and self._every_batch:  # the last point all are known
+                    self._snapshot = self._current() or self._snapshot
+                self._stateless += state is None
                 self._pending[self._task_info[idx][0]].append(state)
         return r
-
     def _process_data(self, data, worker_id: int):
         self._handed[worker_id] += 1
         self._dropped_an_error = self._dropping and isinstance(data, ExceptionWrapper)
         state = self._pending[worker_id].popleft()  # this worker's batches are handed out in the order it sent them
         self._stale[worker_id] = state is None
+        self._stateless -= state is None
         if state is not None:
             self._worker_states[worker_id] = state
         return super()._process_data(data, worker_id)
 
     def __next__(self):
         data = super().__next__()
-        if self._next_snapshot is not None and self._rcvd_idx >= self._next_snapshot:
+        if self._next_snapshot is not None and self._rcvd_idx >= self._next_snapshot and \
+                (self._stateless or not self._every_batch):
             snapshot = self._current()
             if snapshot is not None:  # else a worker's state is behind: try again at the next batch
                 self._snapshot = snapshot

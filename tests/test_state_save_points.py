@@ -312,6 +312,40 @@ def test_a_map_dataset_whose_state_dict_raises_forwards_the_error(num_workers):
         loader.state_dict()
 
 
+class StateDictFailsOnce(toy.RangeDataset):
+    """Worker 0's third state_dict() raises: its third batch (task 4) comes without its state."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__(n)
+        self.calls = 0
+
+    def state_dict(self) -> dict:
+        self.calls += 1
+        if minidl.get_worker_info().id == 0 and self.calls == 3:
+            raise ZeroDivisionError("worker 0's third state_dict()")
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.calls = state["calls"]
+
+
+def test_a_save_just_after_a_batch_without_its_state_resumes_from_the_batch_before():
+    # With snapshot_every_n_steps=1 the loader takes a snapshot only around a batch that came without its state;
+    # the save must still fall back to the last batch before it, not to the epoch's start.
+    loader = minidl.DataLoader(StateDictFailsOnce(20), num_workers=2, stateful=True)
+    it, got = iter(loader), []
+    while len(got) < 4:
+        got.append(next(it).item())
+    with pytest.raises(ZeroDivisionError, match="third state_dict"):
+        next(it)
+    state = loader.state_dict()
+    del it
+    assert (got, state["tasks_done"], state["num_yielded"], state["replay"]) == ([0, 1, 2, 3], 4, 4, 1)
+    resumed = minidl.DataLoader(StateDictFailsOnce(20), num_workers=2, stateful=True)
+    resumed.load_state_dict(state)
+    assert [b.item() for b in resumed] == list(range(5, 20))  # the error is replayed and dropped, as torchdata does
+
+
 REDUCED = textwrap.dedent("""
     import minidl
 
