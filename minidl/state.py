@@ -89,11 +89,11 @@ from minidl.worker import (
 # With n > 1, it ships it only with the tasks just before every n-th one. The loader keeps a snapshot there.
 # Between snapshots, some workers' known states are behind (`stale`).
 # state_dict() then saves the last snapshot and how many tasks were handed out since it.
+# Those tasks are batches and the errors the consumer caught.
+# The resumed loader fetches them again and drops them (`replay`), errors included, as torchdata does.
 # With n = 1 and in order, a worker's state is behind only after a batch that came without one (its dataset's
 # state_dict() raised). So the snapshot is taken only while such a batch waits to be handed out (`_stateless`),
 # and once as it arrives: the same snapshot as at every batch, without its cost at every batch.
-# Those tasks are batches and the errors the consumer caught.
-# The resumed loader fetches them again and drops them (`replay`), errors included, as torchdata does.
 # Out of order, which batches a replay would drop depends on timing.
 # So out of order, every batch carries its worker's state (n = 1).
 # A stateless IterableDataset has no state to carry. Out of order it is replayed per worker instead
@@ -844,6 +844,7 @@ class _StatefulMultiIter(_StatefulIterMixin):
                 self._stateless += state is None
                 self._pending[self._task_info[idx][0]].append(state)
         return r
+
     def _process_data(self, data, worker_id: int):
         self._handed[worker_id] += 1
         self._dropped_an_error = self._dropping and isinstance(data, ExceptionWrapper)
