@@ -747,9 +747,10 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             # >>> layer: tracing (minidl/trace.py): its queues note when the thread pins each batch
             in_queue, out_queue = self._traced_pin_queues(in_queue, out_queue)
             # <<< layer: tracing
+            device_id = _random._torch().accelerator.current_device_index()  # the device to pin for, as torch
             pin_memory_thread = threading.Thread(
                 target=_pin_memory_loop,
-                args=(in_queue, out_queue, self._pin_memory_thread_done_event, self._pin_memory_device),
+                args=(in_queue, out_queue, device_id, self._pin_memory_thread_done_event, self._pin_memory_device),
                 name="minidl_pin_memory",
             )
             pin_memory_thread.daemon = True

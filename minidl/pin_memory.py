@@ -12,6 +12,7 @@ import copy
 import queue
 from typing import Any
 
+from minidl import _random
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper
 
 
@@ -49,13 +50,23 @@ def pin_memory(data: Any, device: str | None = None) -> Any:
     return data
 
 
-def _pin_memory_loop(in_queue, out_queue, done_event, device: str | None) -> None:
+def _pin_memory_loop(in_queue, out_queue, device_id: int | None, done_event, device: str | None) -> None:
     """Move ``(idx, batch)`` pairs from ``in_queue`` to ``out_queue``, pinning each batch.
 
     One thread and a FIFO queue keep the order. Worker exceptions pass through untouched. A failure to
     pin becomes an ``ExceptionWrapper`` for the consumer. The loop stops when ``done_event`` is set.
     See NOTE [ Worker queues and shutdown ] in dataloader.py.
+
+    First, as torch does, two settings that hold for this thread only: torch's copies run on one core (the
+    training step needs the others), on accelerator ``device_id``, the one that was current when the
+    iterator started (else pinning on a second GPU would set up a context on the first). ``device_id``
+    None: no device to choose (a demonstration on a machine without one).
     """
+    if _random.HAS_TORCH:
+        torch = _random._torch()
+        torch.set_num_threads(1)
+        if device_id is not None:
+            torch.accelerator.set_device_index(device_id)
     while not done_event.is_set():
         try:
             r = in_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)

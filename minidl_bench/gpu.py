@@ -8,14 +8,20 @@ Tasks (the CSV's ``task`` column, with what its ``size`` counts), all timed on t
   about as long as one batch's copy, fed four ways: batches already on the GPU (no copy at all), copy
   then step on one stream, and PrefetchLoader over pinned and over pageable batches. The note says
   what fraction of the copy time the prefetcher hid.
+* ``pin-thread`` (images per batch): minidl's pin-memory thread beside torch's. The same batches, from
+  two process workers, pinned by each loader's pin thread for the same device and copied to it; wall
+  time per batch after the first (the thread's steady state, worker start left out), the two loaders
+  taking turns round by round. The note on minidl's row gives the paired ratio minidl / torch.
 
-The batches come from a list of ready-made host tensors, not a DataLoader, so the host's loading time
-stays out of the numbers. Without CUDA the suite says it needs CUDA and records nothing.
+The first two tasks' batches come from a list of ready-made host tensors, not a DataLoader, so the
+host's loading time stays out of their numbers. Without CUDA the suite says it needs CUDA and records
+nothing.
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Callable
 
 from minidl_bench.harness import Session, Timing, missing
@@ -27,6 +33,9 @@ QUICK_COPY_BATCHES = (4, 32)
 STEP_BATCH, STEPS = 128, 16  # train-step: images per batch, batches per epoch
 QUICK_STEP_BATCH, QUICK_STEPS = 16, 6
 MATMULS = 4  # per training step
+PIN_BATCH, PIN_BATCHES, PIN_ROUNDS = 64, 24, 11  # pin-thread: images per batch, batches per epoch, timed rounds
+QUICK_PIN_BATCH, QUICK_PIN_BATCHES = 8, 6  # quick: session.repeats rounds
+PIN_WORKERS = 2
 
 
 def cuda_time(fn: Callable[[], object], repeats: int) -> Timing:
@@ -57,6 +66,7 @@ def run(session: Session) -> None:
     session.log(f"[{session.suite}] device: {torch.cuda.get_device_name()}")
     sizes, bandwidth = _h2d_copy(session, torch)
     steps = _train_step(session, torch)
+    pin_thread(session, torch, "cuda", torch.cuda.synchronize)
     if missing("matplotlib"):
         session.skip("plots", "matplotlib not installed")
         return
@@ -147,6 +157,62 @@ def _train_step(session: Session, torch) -> dict[str, Timing]:
                         "spends copying")
         session.record("train-step", method, timing, size=steps, baseline=method == "copy then step", note=note)
     return timings
+
+
+def pin_thread(session: Session, torch, device: str, synchronize: Callable[[], object]) -> dict[str, list[float]]:
+    """``pin-thread``: seconds per batch through torch's and minidl's loaders, ``pin_memory=True``, each batch copied
+    to ``device`` (``synchronize`` waits for the copies). Returns ``{"torch": [...], "minidl": [...]}`` per round,
+    the warm-up round first. Raises AssertionError unless the two loaders give the same batches, pinned alike."""
+    import warnings
+    from functools import partial
+
+    import minidl
+    from minidl_bench.loaders import paired_ratio, run_rounds, timing
+
+    n, batches = (QUICK_PIN_BATCH, QUICK_PIN_BATCHES) if session.quick else (PIN_BATCH, PIN_BATCHES)
+    rounds = session.repeats if session.quick else max(session.repeats, PIN_ROUNDS)
+    g = torch.Generator().manual_seed(0)
+    images = torch.randint(0, 256, (n * batches, *IMAGE_SHAPE), dtype=torch.uint8, generator=g)
+    labels = torch.arange(n * batches)
+    libraries = {"torch": torch.utils.data, "minidl": minidl}
+
+    def loader(lib):
+        return lib.DataLoader(lib.TensorDataset(images, labels), batch_size=n, num_workers=PIN_WORKERS,
+                              pin_memory=True)
+
+    def per_batch(batches) -> float:  # after the first batch: the workers are up and the pin thread is busy
+        it = iter(batches)
+        next(it)[0].to(device, non_blocking=True)
+        synchronize()
+        start, count = time.perf_counter(), 0
+        for x, _ in it:
+            x.to(device, non_blocking=True)
+            count += 1
+        synchronize()
+        return (time.perf_counter() - start) / count
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="This DataLoader will create")  # 2 workers on a 1-core machine
+        theirs, ours = (list(loader(lib)) for lib in libraries.values())
+        pinned = [b[0].is_pinned() for b in theirs]
+        if not (len(ours) == len(theirs) == batches and [b[0].is_pinned() for b in ours] == pinned
+                and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ours, theirs))):
+            raise AssertionError(f"[{session.suite}] minidl's pinned batches differ from torch's")
+        session.log(f"[{session.suite}] pin-thread: both loaders give the same {batches} batches, "
+                    f"pinned: {all(pinned)}")
+        session.plan(2 * (rounds + 1))
+        results = run_rounds({name: partial(loader, lib) for name, lib in libraries.items()}, rounds, per_batch,
+                             session.progress("pin-thread"))
+    ratio = paired_ratio([m / t for m, t in zip(results["minidl"][1:], results["torch"][1:])])
+    for name, values in results.items():
+        note = f"{n} images/batch, {PIN_WORKERS} process workers, pinned: {all(pinned)}"
+        if name == "minidl":
+            note += f"; per batch, minidl / torch paired by round: {ratio}"
+        session.record("pin-thread", name, timing(values), size=n, workers=PIN_WORKERS, baseline=name == "torch",
+                       note=note)
+    session.log(f"[{session.suite}] pin-thread: seconds per batch, minidl / torch, median [CI] of {rounds} paired "
+                f"rounds: {ratio}")
+    return results
 
 
 def _sized_matmuls(torch, seconds: float, repeats: int):

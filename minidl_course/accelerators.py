@@ -110,5 +110,7 @@ def pretend_cuda() -> Iterator[None]:
 
     cuda = torch.device("cuda")
     with mock.patch.object(minidl.dataloader, "_accelerator_available", lambda: True), \
-            mock.patch.object(torch.accelerator, "current_accelerator", lambda check_available=False: cuda):
+            mock.patch.object(torch.accelerator, "current_accelerator", lambda check_available=False: cuda), \
+            mock.patch.object(torch.accelerator, "current_device_index", lambda: 0), \
+            mock.patch.object(torch.accelerator, "set_device_index", lambda index: None):  # the pin thread's device
         yield

@@ -14,6 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from accelerator_fakes import report_cuda  # noqa: E402
+
 import minidl_bench  # noqa: E402
 from minidl_bench import gpu  # noqa: E402
 from minidl_bench.harness import COLUMNS, Session, main, missing  # noqa: E402
@@ -87,6 +89,54 @@ def test_without_tqdm_the_cli_prints_plain_lines(tmp_path, monkeypatch, capsys):
     assert "[gpu] skipped the whole suite: it needs CUDA" in out and "[gpu] measured nothing: no CSV written" in out
 
 
+@pytest.fixture
+def pin_loops(monkeypatch):
+    """Which library's pin-memory loop each pin thread ran: torch reports CUDA and pins by a copy (accelerator_fakes),
+    so both loaders start their pin threads here."""
+    from torch.utils.data._utils import pin_memory as torch_pin
+
+    import minidl.pin_memory
+
+    report_cuda(monkeypatch)
+    ran = []
+    for name, module in (("torch", torch_pin), ("minidl", minidl.pin_memory)):
+        def loop(*args, _loop=module._pin_memory_loop, _name=name):
+            ran.append(_name)
+            _loop(*args)
+        monkeypatch.setattr(module, "_pin_memory_loop", loop)
+    return ran
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_the_pin_thread_task_runs_both_pin_threads_here(tmp_path, pin_loops):
+    """The pin-thread task tried on this CPU machine: each round runs an epoch through torch's pin thread and one
+    through minidl's, to device "cpu"; torch is the baseline and minidl's row carries the paired ratio."""
+    bar = Bar()
+    session = Session("gpu", quick=True, out=tmp_path, bar=bar)
+    results = gpu.pin_thread(session, torch, "cpu", lambda: None)
+    rounds = session.repeats + 1  # the warm-up round first
+    assert {name: len(values) for name, values in results.items()} == {"torch": rounds, "minidl": rounds}
+    assert all(v > 0 for values in results.values() for v in values)
+    assert sorted(pin_loops) == ["minidl"] * (rounds + 1) + ["torch"] * (rounds + 1)  # + the batches' check
+    assert [(r.task, r.method, r.size, r.workers, r.baseline) for r in session.rows] == [
+        ("pin-thread", "torch", gpu.QUICK_PIN_BATCH, 2, True), ("pin-thread", "minidl", gpu.QUICK_PIN_BATCH, 2, False)]
+    assert "per batch, minidl / torch paired by round: " in session.rows[1].note
+    log = bar.out.getvalue()
+    assert f"both loaders give the same {gpu.QUICK_PIN_BATCHES} batches, pinned: False" in log  # the fake copies
+    assert "seconds per batch, minidl / torch, median [CI] of 3 paired rounds: " in log
+
+
+@pytest.mark.usefixtures("no_leaks")
+def test_the_pin_thread_task_refuses_batches_that_differ_from_torchs(tmp_path, pin_loops, monkeypatch):
+    import minidl.pin_memory
+
+    monkeypatch.setattr(minidl.pin_memory, "pin_memory", lambda data, device=None: [data[0], data[1] + 1])
+    session = Session("gpu", quick=True, out=tmp_path, bar=Bar())
+    with pytest.raises(AssertionError, match="minidl's pinned batches differ from torch's"):
+        gpu.pin_thread(session, torch, "cpu", lambda: None)
+    assert session.rows == []
+
+
 def test_gpu_check_script_without_cuda_says_so_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     # An empty CUDA_VISIBLE_DEVICES hides any GPU, so this holds on a GPU machine too.
@@ -127,7 +177,11 @@ def test_quick_run_on_cuda_writes_every_row(tmp_path):
     assert {r["method"] for r in steps} == {"data already on GPU", "copy then step", "PrefetchLoader, pinned",
                                             "PrefetchLoader, pageable"}
     assert all(int(r["size"]) == gpu.QUICK_STEPS for r in steps)
-    assert len(rows) == len(copies) + len(steps)
+    pins = [r for r in rows if r["task"] == "pin-thread"]
+    assert [(r["method"], int(r["size"])) for r in pins] == [("torch", gpu.QUICK_PIN_BATCH),
+                                                              ("minidl", gpu.QUICK_PIN_BATCH)]
+    assert all("pinned: True" in r["note"] for r in pins) and "minidl / torch paired by round" in pins[1]["note"]
+    assert len(rows) == len(copies) + len(steps) + len(pins)
     for r in rows:
         median, low, high = float(r["median_s"]), float(r["min_s"]), float(r["max_s"])
         assert 0 < low <= median <= high and int(r["repeats"]) >= 3

@@ -20,6 +20,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
+from accelerator_fakes import report_cuda  # noqa: E402
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  # noqa: E402
 
 import minidl  # noqa: E402
@@ -204,7 +205,7 @@ def loop_errors(monkeypatch):
 
 
 def start_loop(in_queue, out_queue, done_event) -> threading.Thread:
-    thread = threading.Thread(target=_pin_memory_loop, args=(in_queue, out_queue, done_event, None),
+    thread = threading.Thread(target=_pin_memory_loop, args=(in_queue, out_queue, None, done_event, None),
                               name=PIN_THREAD, daemon=True)
     thread.start()
     return thread
@@ -359,6 +360,20 @@ def pinnable_collate(samples):
     return PinnableBatch(samples)
 
 
+class ThreadsBatch:
+    """A collated batch that, as it is pinned, notes how many threads torch's copies may use where it is pinned."""
+
+    def __init__(self, items, threads=None) -> None:
+        self.items, self.threads = list(items), threads
+
+    def pin_memory(self) -> ThreadsBatch:
+        return ThreadsBatch(self.items, threads=torch.get_num_threads())
+
+
+def threads_collate(samples):
+    return ThreadsBatch(samples)
+
+
 def unpinnable_collate(samples):
     return Unpinnable() if 4 in samples else PinnableBatch(samples)
 
@@ -381,8 +396,10 @@ def pin_thread_gone(timeout: float = 5.0, collect: bool = False) -> bool:
 
 @pytest.fixture
 def accelerator(monkeypatch):
-    """Pretend an accelerator is there, so pin_memory=True pins (our fake batches need no device)."""
+    """Pretend an accelerator is there, so pin_memory=True pins (our fake batches need no device), device 0 current."""
     monkeypatch.setattr(minidl.dataloader, "_accelerator_available", lambda: True)
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
 
 
 WORKERS = {  # name -> (DataLoader kwargs, the thread that should do the pinning)
@@ -522,3 +539,26 @@ def test_on_mps_warns_like_torch_and_does_not_pin(name, monkeypatch):
         assert torch.equal(x, tx) and torch.equal(y, ty)
         assert not x.is_pinned() and not y.is_pinned()
     assert not pin_thread_alive()
+
+
+@pytest.mark.usefixtures("no_leaks")
+@pytest.mark.parametrize("lib", [tud, minidl], ids=["torch", "minidl"])
+def test_the_pin_thread_copies_on_one_core_for_the_device_current_at_iter_like_torch(lib, monkeypatch):
+    """torch's pin thread sets two things for itself alone: one thread for its copies, and the accelerator that was
+    current when the iterator started (here the second of two)."""
+    report_cuda(monkeypatch)
+    chosen = []
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 1)
+    monkeypatch.setattr(torch.accelerator, "set_device_index", chosen.append)
+    main_threads = torch.get_num_threads()
+    torch.set_num_threads(3)  # so one thread in the pin thread is its own setting, not this machine's
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # more workers than cores, where there is one
+            batches = list(lib.DataLoader(toy.RangeDataset(6), batch_size=2, num_workers=2, pin_memory=True,
+                                          collate_fn=threads_collate))
+        assert torch.get_num_threads() == 3  # the main thread's setting is untouched
+    finally:
+        torch.set_num_threads(main_threads)
+    assert [(b.items, b.threads) for b in batches] == [([0, 1], 1), ([2, 3], 1), ([4, 5], 1)]
+    assert chosen == [1]

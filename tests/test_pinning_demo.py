@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import unittest.mock
 import warnings
 
 import numpy as np
@@ -13,9 +12,9 @@ torch = pytest.importorskip("torch")
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  # noqa: E402
 
 import minidl  # noqa: E402
-import minidl.dataloader  # noqa: E402
 from minidl.pin_memory import pin_memory  # noqa: E402
 from minidl_course import toy  # noqa: E402
+from minidl_course.accelerators import pretend_cuda  # noqa: E402
 from minidl_course.pinning_demo import (  # noqa: E402
     FakePinnable,
     fake_pinnable_collate,
@@ -48,7 +47,7 @@ def test_both_pin_memory_functions_pin_every_leaf_of_a_nested_batch(pin):
 @pytest.mark.usefixtures("no_leaks")
 @pytest.mark.parametrize("worker_method", ["multiprocessing", "thread"])
 def test_the_collate_runs_in_workers_and_the_pin_thread_pins(worker_method):
-    with unittest.mock.patch.object(minidl.dataloader, "_accelerator_available", lambda: True):
+    with pretend_cuda():
         loader = minidl.DataLoader(toy.RangeDataset(7), batch_size=3, num_workers=2, worker_method=worker_method,
                                    collate_fn=fake_pinnable_collate, pin_memory=True)
         with warnings.catch_warnings():
