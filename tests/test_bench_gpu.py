@@ -4,7 +4,6 @@ run writes the rows it promises. No test asserts a speed."""
 from __future__ import annotations
 
 import csv
-import io
 import os
 import subprocess
 import sys
@@ -18,28 +17,9 @@ from accelerator_fakes import report_cuda  # noqa: E402
 
 import minidl_bench  # noqa: E402
 from minidl_bench import gpu  # noqa: E402
-from minidl_bench.harness import COLUMNS, Session, main, missing  # noqa: E402
+from minidl_bench.harness import COLUMNS, PlainBar, Session, main, missing  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-class Bar:
-    """Enough of a tqdm bar for a Session: it keeps what the suite prints."""
-
-    def __init__(self) -> None:
-        self.total, self.out = 0, io.StringIO()
-
-    def refresh(self) -> None:
-        pass
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def set_postfix_str(self, s: str) -> None:
-        pass
-
-    def write(self, s: str) -> None:
-        print(s, file=self.out)
 
 
 @pytest.fixture
@@ -55,12 +35,11 @@ def read_rows(path: Path) -> list[dict[str, str]]:
         return list(reader)
 
 
-def test_without_cuda_the_suite_says_it_needs_cuda_and_records_nothing(tmp_path, monkeypatch):
+def test_without_cuda_the_suite_says_it_needs_cuda_and_records_nothing(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # so this holds on a GPU machine too
-    bar = Bar()
-    session = Session("gpu", quick=True, out=tmp_path, bar=bar)
+    session = Session("gpu", quick=True, out=tmp_path, bar=PlainBar())  # it prints what a suite logs
     gpu.run(session)
-    assert "needs CUDA" in bar.out.getvalue()
+    assert "needs CUDA" in capsys.readouterr().out
     assert session.rows == [] and session.figures == []
     assert not list(tmp_path.iterdir())
 
@@ -108,11 +87,10 @@ def pin_loops(monkeypatch):
 
 
 @pytest.mark.usefixtures("no_leaks")
-def test_the_pin_thread_task_runs_both_pin_threads_here(tmp_path, pin_loops):
+def test_the_pin_thread_task_runs_both_pin_threads_here(tmp_path, pin_loops, capsys):
     """The pin-thread task tried on this CPU machine: each round runs an epoch through torch's pin thread and one
     through minidl's, to device "cpu"; torch is the baseline and minidl's row carries the paired ratio."""
-    bar = Bar()
-    session = Session("gpu", quick=True, out=tmp_path, bar=bar)
+    session = Session("gpu", quick=True, out=tmp_path, bar=PlainBar())
     results = gpu.pin_thread(session, torch, "cpu", lambda: None)
     rounds = session.repeats + 1  # the warm-up round first
     assert {name: len(values) for name, values in results.items()} == {"torch": rounds, "minidl": rounds}
@@ -121,7 +99,7 @@ def test_the_pin_thread_task_runs_both_pin_threads_here(tmp_path, pin_loops):
     assert [(r.task, r.method, r.size, r.workers, r.baseline) for r in session.rows] == [
         ("pin-thread", "torch", gpu.QUICK_PIN_BATCH, 2, True), ("pin-thread", "minidl", gpu.QUICK_PIN_BATCH, 2, False)]
     assert "per batch, minidl / torch paired by round: " in session.rows[1].note
-    log = bar.out.getvalue()
+    log = capsys.readouterr().out
     assert f"both loaders give the same {gpu.QUICK_PIN_BATCHES} batches, pinned: False" in log  # the fake copies
     assert "seconds per batch, minidl / torch, median [CI] of 3 paired rounds: " in log
 
@@ -131,7 +109,7 @@ def test_the_pin_thread_task_refuses_batches_that_differ_from_torchs(tmp_path, p
     import minidl.pin_memory
 
     monkeypatch.setattr(minidl.pin_memory, "pin_memory", lambda data, device=None: [data[0], data[1] + 1])
-    session = Session("gpu", quick=True, out=tmp_path, bar=Bar())
+    session = Session("gpu", quick=True, out=tmp_path, bar=PlainBar())
     with pytest.raises(AssertionError, match="minidl's pinned batches differ from torch's"):
         gpu.pin_thread(session, torch, "cpu", lambda: None)
     assert session.rows == []
