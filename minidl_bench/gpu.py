@@ -11,7 +11,8 @@ Tasks (the CSV's ``task`` column, with what its ``size`` counts), all timed on t
 * ``pin-thread`` (images per batch): minidl's pin-memory thread beside torch's. The same batches, from
   two process workers, pinned by each loader's pin thread for the same device and copied to it; wall
   time per batch after the first (the thread's steady state, worker start left out), the two loaders
-  taking turns round by round. The note on minidl's row gives the paired ratio minidl / torch.
+  taking turns round by round. The note on minidl's row gives the paired ratio minidl / torch; every
+  round's figure goes to ``gpu_rounds.csv`` (round 0 the warm-up), so the ratio can be paired again.
 
 The first two tasks' batches come from a list of ready-made host tensors, not a DataLoader, so the
 host's loading time stays out of their numbers. Without CUDA the suite says it needs CUDA and records
@@ -167,7 +168,7 @@ def pin_thread(session: Session, torch, device: str, synchronize: Callable[[], o
     from functools import partial
 
     import minidl
-    from minidl_bench.loaders import paired_ratio, run_rounds, timing
+    from minidl_bench.loaders import paired_ratio, run_rounds, timing, write_rows
 
     n, batches = (QUICK_PIN_BATCH, QUICK_PIN_BATCHES) if session.quick else (PIN_BATCH, PIN_BATCHES)
     rounds = session.repeats if session.quick else max(session.repeats, PIN_ROUNDS)
@@ -204,6 +205,9 @@ def pin_thread(session: Session, torch, device: str, synchronize: Callable[[], o
         session.plan(2 * (rounds + 1))
         results = run_rounds({name: partial(loader, lib) for name, lib in libraries.items()}, rounds, per_batch,
                              session.progress("pin-thread"))
+    write_rows(session.out / "gpu_rounds.csv", [
+        {"task": "pin-thread", "size": n, "method": name, "workers": PIN_WORKERS, "round": r, "per_batch_s": s}
+        for name, values in results.items() for r, s in enumerate(values)])
     ratio = paired_ratio([m / t for m, t in zip(results["minidl"][1:], results["torch"][1:])])
     for name, values in results.items():
         note = f"{n} images/batch, {PIN_WORKERS} process workers, pinned: {all(pinned)}"

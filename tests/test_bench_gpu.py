@@ -99,6 +99,10 @@ def test_the_pin_thread_task_runs_both_pin_threads_here(tmp_path, pin_loops, cap
     assert [(r.task, r.method, r.size, r.workers, r.baseline) for r in session.rows] == [
         ("pin-thread", "torch", gpu.QUICK_PIN_BATCH, 2, True), ("pin-thread", "minidl", gpu.QUICK_PIN_BATCH, 2, False)]
     assert "per batch, minidl / torch paired by round: " in session.rows[1].note
+    with open(tmp_path / "gpu_rounds.csv", newline="") as f:  # every round's figure, to pair them again
+        rows = [(r["task"], r["method"], int(r["round"]), float(r["per_batch_s"])) for r in csv.DictReader(f)]
+    assert [row[:3] for row in rows] == [("pin-thread", name, r) for name in results for r in range(rounds)]
+    assert [row[3] for row in rows] == pytest.approx([v for values in results.values() for v in values], rel=1e-5)
     log = capsys.readouterr().out
     assert f"both loaders give the same {gpu.QUICK_PIN_BATCHES} batches, pinned: False" in log  # the fake copies
     assert "seconds per batch, minidl / torch, median [CI] of 3 paired rounds: " in log
@@ -165,5 +169,6 @@ def test_quick_run_on_cuda_writes_every_row(tmp_path):
         assert 0 < low <= median <= high and int(r["repeats"]) >= 3
     assert all("GB/s" in r["note"] for r in copies)
     assert all(r["speedup"] for r in rows), "every row has a baseline in its (task, size) group"
+    assert (tmp_path / "gpu_rounds.csv").exists()
     if not missing("matplotlib"):
         assert sorted(p.name for p in tmp_path.glob("*.png")) == ["gpu_bandwidth.png", "gpu_prefetch.png"]
