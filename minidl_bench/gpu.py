@@ -163,11 +163,13 @@ def _train_step(session: Session, torch) -> dict[str, Timing]:
 def pin_thread(session: Session, torch, device: str, synchronize: Callable[[], object]) -> dict[str, list[float]]:
     """``pin-thread``: seconds per batch through torch's and minidl's loaders, ``pin_memory=True``, each batch copied
     to ``device`` (``synchronize`` waits for the copies). Returns ``{"torch": [...], "minidl": [...]}`` per round,
-    the warm-up round first. Raises AssertionError unless the two loaders give the same batches, pinned alike."""
+    the warm-up round first. Raises AssertionError unless the two loaders give the same batches, pinned alike
+    (``batches.assert_same_batches`` names the first difference)."""
     import warnings
     from functools import partial
 
     import minidl
+    from minidl_bench.batches import assert_same_batches
     from minidl_bench.loaders import paired_ratio, run_rounds, timing, write_rows
 
     n, batches = (QUICK_PIN_BATCH, QUICK_PIN_BATCHES) if session.quick else (PIN_BATCH, PIN_BATCHES)
@@ -195,10 +197,13 @@ def pin_thread(session: Session, torch, device: str, synchronize: Callable[[], o
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")  # 2 workers on a 1-core machine
         theirs, ours = (list(loader(lib)) for lib in libraries.values())
+        differ = f"[{session.suite}] minidl's pinned batches differ from torch's"
+        assert_same_batches(ours, theirs, differ)
         pinned = [b[0].is_pinned() for b in theirs]
-        if not (len(ours) == len(theirs) == batches and [b[0].is_pinned() for b in ours] == pinned
-                and all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(ours, theirs))):
-            raise AssertionError(f"[{session.suite}] minidl's pinned batches differ from torch's")
+        if len(theirs) != batches:  # the epoch the rounds time, as torch gives it
+            raise AssertionError(f"[{session.suite}] torch gave {len(theirs)} batches, not {batches}")
+        if [b[0].is_pinned() for b in ours] != pinned:
+            raise AssertionError(f"{differ}: pinned {[b[0].is_pinned() for b in ours]} != {pinned}")
         del theirs, ours  # their pinned memory back to torch's cache before the timed rounds
         session.log(f"[{session.suite}] pin-thread: both loaders give the same {batches} batches, "
                     f"pinned: {all(pinned)}")
