@@ -3,7 +3,7 @@
 There is no accelerator on the CPU machines these run on, and torch's ``Tensor.pin_memory()`` raises
 without one, so most tests pin fake objects whose ``pin_memory()`` returns a marked copy: torch's own
 ``pin_memory`` treats them exactly as minidl's must. The DataLoader tests pretend an accelerator exists
-(``_accelerator_available``) to run the real pin thread end to end on such fake batches.
+(``pretend_cuda``) to run the real pin thread end to end on such fake batches.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from minidl.pin_memory import _pin_memory_loop, pin_memory  # noqa: E402
 from minidl.worker import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper  # noqa: E402
 from minidl_bench.batches import assert_same_batch  # noqa: E402
 from minidl_course import toy  # noqa: E402
+from minidl_course.accelerators import pretend_cuda  # noqa: E402
 
 PIN_THREAD = "minidl_pin_memory"
 
@@ -395,11 +396,10 @@ def pin_thread_gone(timeout: float = 5.0, collect: bool = False) -> bool:
 
 
 @pytest.fixture
-def accelerator(monkeypatch):
-    """Pretend an accelerator is there, so pin_memory=True pins (our fake batches need no device), device 0 current."""
-    monkeypatch.setattr(minidl.dataloader, "_accelerator_available", lambda: True)
-    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
-    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+def accelerator():
+    """minidl believes torch found CUDA (``pretend_cuda``): pin_memory=True pins (our fake batches need no device)."""
+    with pretend_cuda():
+        yield
 
 
 WORKERS = {  # name -> (DataLoader kwargs, the thread that should do the pinning)
