@@ -6,7 +6,7 @@ Each run is a fresh kernel (nbclient), the notebook top to bottom, with tests/st
 MINIDL_START_METHOD set, as ``make nbval-forkserver`` runs it. A cell "ran long" in a run when it took more than
 ``--factor`` times its median over all runs of that method and more than ``--slack`` seconds over it: a cell that
 hangs until a guard stops it, or one that waits on a race, shows up there; the load average is printed per run.
-An error in a cell is counted apart. Nothing is asserted: this is a report for an issue's note (issue #32 item 4).
+An error in a cell is counted apart. Nothing is asserted: this is a report to read, not a test.
 """
 
 from __future__ import annotations

@@ -84,9 +84,9 @@ def no_leaks():
     pids |= {p.pid for p in procs}
     assert not procs, f"worker processes survived: {procs}"
     assert not threads, f"worker threads survived: {threads}"
-    # /dev/shm is the machine's: only files named after this test's processes count (issue 24: another program's
-    # torch_<pid>_... files failed a clean run). A file being freed may take a moment: a leak is one still there
-    # after 5 s, present in every look meanwhile.
+    # /dev/shm is the machine's: only files named after this test's processes count (another program's
+    # torch_<pid>_... files must not fail a clean run). A file being freed may take a moment: a leak is one still
+    # there after 5 s, present in every look meanwhile.
     deadline = time.monotonic() + 5.0
     left = shm_made_since(before, pids)
     while left and time.monotonic() < deadline:

@@ -1,6 +1,6 @@
 """Tests for minidl_bench.plot's chart rules and for minidl_bench.replot, which redraws committed runs.
 
-The rules (issue #14): no bars on a log axis (dots there), bars and size axes from zero, a legend for
+The rules: no bars on a log axis (dots there), bars and size axes from zero, a legend for
 every colour, and the machine named in the caption. They are checked on matplotlib's Axes, both for the
 helpers alone and for every figure drawn from the CSVs committed under ``results/``.
 """

@@ -170,7 +170,7 @@ def test_ch01_the_helpers_clock_each_round_the_learners_cell_runs():
     assert ch01.logged_rounds("k", runs) == [2.0, 1.5]
 
 
-# --- issue 33: the learner's timing held to the checker's clock, round by round --------------------------
+# --- the learner's timing held to the checker's clock, round by round ------------------------------------
 
 
 def _repeats_one_round(kernel, span, rounds):
@@ -217,7 +217,7 @@ def test_ch01_rounds_that_never_run_one_thread_are_refused():
                       hint="(?s)did not each run the halves once in one thread.*time every round")
 
 
-# --- issue 33, item 3: more of the same families -------------------------------------------------------------
+# --- rounds judged by the wrong rule, of another kernel, from threads of one's own, or a generator -----------
 
 SPREAD = [0.85, 0.9, 1.0, 1.05, 1.2]  # a busy machine's rounds: suffix medians 1.05, 1.025, 1.0
 

@@ -179,7 +179,7 @@ def test_under_file_system_a_worker_starts_torchs_shm_manager_before_its_first_t
     assert seen == [True] * 8
 
 
-# --- issue 33: the trace, not a second epoch of one's own -------------------------------------------------
+# --- the slow sample read from the loader's trace, not timed outside the loader ---------------------------
 
 
 def times_the_dataset_itself(loader):

@@ -270,7 +270,7 @@ def says_done_with_none(dataset, index_queue, result_queue, collate_fn):
     (wraps_after_the_except_block, r"ExceptionWrapper that holds no exception.*inside the except block"),
     (says_done_with_none, r"put None on result_queue after its answers.*put only answers"),
 ])
-def test_check_worker_loop_names_issue_33s_mistakes(wrong, message):
+def test_check_worker_loop_names_each_mistake(wrong, message):
     rejects(check_worker_loop, wrong, message)
 
 

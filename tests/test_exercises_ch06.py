@@ -165,7 +165,7 @@ def test_your_turn_raised_in_a_worker_still_shows_as_its_message():
     assert info.value._render_traceback_() == [f"YourTurn: {YourTurn.MESSAGE} (raised in a worker)"]
 
 
-# --- issue 33: the spec's split, and a worker seeded as a real one --------------------------------------
+# --- the split the exercise's text prints, and a worker seeded as a real one ----------------------------
 
 
 def other_even_split(worker_id):  # 3, 3, 4 for ten samples: each comes once, but not the split the text prints

@@ -88,7 +88,7 @@ def test_ch07_reuse_pays_true_is_rejected_when_fresh_is_as_cheap():
     rejects_with_hint(ch07.judge, 1.0500001, True, ch07_measured(1.05), hint="answer False")
 
 
-# --- issue 33 -----------------------------------------------------------------------------------------------
+# --- a ratio held to the median of the rounds, not their range ----------------------------------------------
 
 
 def test_ch07_a_ratio_is_held_to_the_median_of_the_rounds_not_their_range():

@@ -148,7 +148,7 @@ def test_check_prefetcher_names_the_case_when_the_prefetcher_raises():
     assert "3 batches of 2 images" in info.value.__notes__[0]
 
 
-# --- issue 33: fetched ahead, but normalised late -----------------------------------------------------------
+# --- fetched ahead, but normalised late ---------------------------------------------------------------------
 
 
 def normalises_when_it_yields(loader, mean, std):

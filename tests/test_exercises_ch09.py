@@ -118,7 +118,7 @@ def test_ch09_rounds_that_disagree_accept_either_answer(capsys):
                       hint="answer what this machine measured")
 
 
-# --- issue 33: the learner's timer held to the checker's clock ----------------------------------------------
+# --- the learner's timer held to the checker's clock --------------------------------------------------------
 
 
 def _runs_nothing(run_epoch, rounds):  # the stand-in's own times, returned without running anything
@@ -153,7 +153,7 @@ def test_ch09_a_timer_that_runs_nothing_or_makes_up_its_numbers_is_refused(timer
                       measure=lambda f: ch09.measure(f, runs=THREADS_WIN), hint=hint)
 
 
-# --- issue 33, item 3: more of the same families -------------------------------------------------------------
+# --- a timer in the wrong unit or never restarted, and a machine that changed between measurements -----------
 
 
 def _in_milliseconds(run_epoch, rounds):

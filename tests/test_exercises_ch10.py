@@ -110,7 +110,7 @@ def test_ch10_wrong_ratios_are_rejected(ratio, hint):
     rejects_with_hint(ch10.judge, ratio, ch10_measured(0.4), hint=hint)
 
 
-# --- issue 33: the learner's timer held to the checker's clock ----------------------------------------------
+# --- the learner's timer held to the checker's clock --------------------------------------------------------
 
 
 def _constant_on_real_loaders(loader):  # honest on the paced stand-ins, a constant on the loaders

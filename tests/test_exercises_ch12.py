@@ -200,7 +200,7 @@ def test_ch12_num_workers_the_learners_timer_is_what_the_checker_runs(sweep):
 
 
 def test_ch12_num_workers_a_guessed_sweep_is_rejected(sweep):
-    """Issue 25: {w: 1.0 for w in SWEEP} with num_workers=4 passed while only the keys were checked."""
+    """{w: 1.0 for w in SWEEP} with num_workers=4 has the right keys, but times typed in, not measured."""
     rejects_with_hint(ch12.check_num_workers, 4, {w: 1.0 for w in SWEEP}, paced_timer(), measure=lambda: ROUNDS,
                       hint="not numbers typed in")
 
@@ -237,7 +237,7 @@ def test_ch12_num_workers_sweep_must_cover_the_values(sweep):
     rejects_with_hint(ch12.check_answers, 4, {4: 0.2}, paced_timer(), ch12._Checks(), hint="the sweep you ran")
 
 
-# --- issue 33 -----------------------------------------------------------------------------------------------
+# --- the hang kept in worker processes, and the learner's sweep timer held to the checker's clock -----------
 
 
 def test_ch12_hang_worker_method_thread_is_refused():

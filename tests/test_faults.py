@@ -1,4 +1,4 @@
-"""Fault injection, issue 13: a dead worker is named every time, and after an error no epoch ends quietly short.
+"""Fault injection: a dead worker is named every time, and after an error no epoch ends quietly short.
 
 Each test runs under pytest-timeout and the ``no_leaks`` fixture (no worker process, thread or
 shared-memory segment may outlive it).

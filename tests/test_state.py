@@ -266,7 +266,7 @@ def test_a_numpy_driven_loader_does_not_import_torch():
     assert out.stdout.split() == ["4", "False"], out.stderr
 
 
-# --- issue 13: found by adversarial probing -------------------------------------------------------
+# --- resume's edge cases: a state saved again, states refused, an epoch's end, tracing ------------
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -438,7 +438,7 @@ def test_resume_and_tracing_compose(worker_method, num_workers):
     assert {e["batch"] for e in events if e["event"] == "fetch"} == {3, 4, 5, 6}
 
 
-# --- the randomized sweep: resumed against uninterrupted over the loader's settings (issue 34) --------------
+# --- the randomized sweep: resumed against uninterrupted over the loader's settings -------------------------
 # Each example draws a loader (dataset kind, workers, sampler, snapshot_every_n_steps, ...), runs it for
 # EPOCHS epochs uninterrupted, then again with one or two checkpoints at random points, each resumed by a fresh
 # loader (a second resume, a resume in a later epoch with persistent workers), with errors the loop catches,

@@ -1,4 +1,4 @@
-"""Resuming with ``in_order=False``, and a stateless IterableDataset resumed by replay (issue 26).
+"""Resuming with ``in_order=False``, and a stateless IterableDataset resumed by replay.
 
 Out of order, the batches had before a save need not be the first ones of the epoch: a slow sample is
 overtaken. The saved state names the first task still missing (``tasks_done``) and the ones after it that

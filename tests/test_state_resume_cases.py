@@ -1,4 +1,4 @@
-"""Resume, fifth probe (issue 34): a second resume, a caught error, out of order, a failed resume; each resumed
+"""Resume in the harder cases: a second resume, a caught error, out of order, a failed resume; each resumed
 run against the uninterrupted one, and torchdata's ``StatefulDataLoader`` as the oracle where it is right."""
 
 from __future__ import annotations

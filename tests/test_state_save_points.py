@@ -61,7 +61,7 @@ def resume_from(make, state) -> minidl.DataLoader:
     return loader
 
 
-# --- the four real bugs -------------------------------------------------------------------------
+# --- after a break, between epochs, and a dataset's live state_dict() ---------------------------
 
 
 @pytest.mark.parametrize("num_workers", worker_counts(0, 2))
@@ -169,7 +169,7 @@ def test_a_dataset_returning_its_live_state_dict_is_saved_where_the_consumer_sta
     assert got + list(resume_from(make, state)) == list(range(8))
 
 
-# --- the seven adversarial finds ------------------------------------------------------------------
+# --- a sampler's own generator, slow or ended workers, another thread, a failing state_dict() -----
 
 
 class OwnShuffleBatchSampler:

@@ -1,4 +1,4 @@
-"""The loader against torch 2.13 itself (issue 13): WorkerInfo, warnings, bad arguments, exception types.
+"""The loader against torch 2.13 itself: WorkerInfo, warnings, bad arguments, exception types.
 
 Each test runs the same thing through ``torch.utils.data`` and ``minidl`` and compares.
 """
