@@ -1,12 +1,16 @@
 """Run every chapter and exercise notebook in full mode while other processes keep every core busy.
 
     python scripts/under_load.py [NOTEBOOK ...]         (default: every notebook under notebooks/)
+    python scripts/under_load.py --command CMD [ARG ...]  (any command, e.g. `make test`, beside the same load)
 
 This is a learner's busy laptop: no notebook may fail because timings moved. Each notebook runs top to bottom
 in a fresh kernel (nbclient), on a temporary copy (the committed notebooks are never written), while one
 busy-loop process per core spins at normal priority. Reported: every cell that raised, except one tagged
 ``raises-exception`` (an unfilled exercise's ``YourTurn`` line, or a lesson showing an error on purpose).
 Exit status 1 if any did. The busy processes are stopped at the end, whatever happened.
+
+With ``--command`` the busy loops spin beside that command instead (CONTRIBUTING.md, "A busy machine"), and its
+exit status is this script's: a test that measures must hold there as on a quiet machine.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import argparse
 import multiprocessing
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +31,27 @@ ROOT = Path(__file__).resolve().parents[1]
 def spin(stop) -> None:
     while not stop.is_set():
         sum(range(10_000))
+
+
+class BusyCores:
+    """One busy-loop process per core, at normal priority, from ``with`` until its end."""
+
+    def __enter__(self) -> BusyCores:
+        context = multiprocessing.get_context("spawn")
+        self.stop = context.Event()
+        self.spinners = [context.Process(target=spin, args=(self.stop,), daemon=True)
+                         for _ in range(os.cpu_count() or 1)]
+        for p in self.spinners:
+            p.start()
+        print(f"{len(self.spinners)} busy-loop processes keep the cores busy", flush=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for p in self.spinners:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
 
 
 def run(path: Path, timeout: int) -> list[str]:
@@ -56,41 +82,35 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", help="paths under notebooks/ (default: all)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    parser.add_argument("--command", nargs=argparse.REMAINDER, help="run this command beside the load instead")
     args = parser.parse_args()
+    if args.command:
+        with BusyCores():
+            start = time.monotonic()
+            code = subprocess.call(args.command)
+        print(f"{' '.join(args.command)}: exit status {code}, {time.monotonic() - start:.0f} s under load", flush=True)
+        return code
     every = (ROOT / "notebooks").rglob("*.ipynb")
     rels = args.notebooks or sorted(str(p.relative_to(ROOT / "notebooks")) for p in every
                                     if ".ipynb_checkpoints" not in str(p))
     rels = [r.removeprefix("notebooks/") for r in rels]
     os.environ.pop("MINIDL_QUICK", None)  # full mode: the sizes a learner runs
     os.environ["PYTHONPATH"] = str(ROOT)
-    stop = multiprocessing.get_context("spawn").Event()
-    spinners = [multiprocessing.get_context("spawn").Process(target=spin, args=(stop,), daemon=True)
-                for _ in range(os.cpu_count() or 1)]
-    for p in spinners:
-        p.start()
     failures = {}
-    try:
-        with tempfile.TemporaryDirectory(prefix="minidl-load-") as tmp:
-            folder = Path(tmp) / "notebooks"
-            shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
-            for name in ("pyproject.toml", "results"):  # notebooks find the committed results from the project's root
-                (folder.parent / name).symlink_to(ROOT / name)
-            print(f"{len(spinners)} busy-loop processes keep the cores busy", flush=True)
-            for rel in rels:
-                start = time.monotonic()
-                problems = run(folder / rel, args.timeout)
-                verdict = "ok" if not problems else "FAILED"
-                print(f"{rel:60s} {verdict:8s} {time.monotonic() - start:7.1f} s", flush=True)
-                for problem in problems:
-                    print(f"    {problem}", flush=True)
-                if problems:
-                    failures[rel] = problems
-    finally:
-        stop.set()
-        for p in spinners:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
+    with BusyCores(), tempfile.TemporaryDirectory(prefix="minidl-load-") as tmp:
+        folder = Path(tmp) / "notebooks"
+        shutil.copytree(ROOT / "notebooks", folder, ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+        for name in ("pyproject.toml", "results"):  # notebooks find the committed results from the project's root
+            (folder.parent / name).symlink_to(ROOT / name)
+        for rel in rels:
+            start = time.monotonic()
+            problems = run(folder / rel, args.timeout)
+            verdict = "ok" if not problems else "FAILED"
+            print(f"{rel:60s} {verdict:8s} {time.monotonic() - start:7.1f} s", flush=True)
+            for problem in problems:
+                print(f"    {problem}", flush=True)
+            if problems:
+                failures[rel] = problems
     print(f"{len(rels) - len(failures)} passed, {len(failures)} failed")
     return 1 if failures else 0
 

@@ -63,13 +63,16 @@ def test_list_of_str_workers_copy_the_list_and_array_workers_do_not():
     list_bytes = sum(sys.getsizeof(n) for n in names)  # the str objects a worker would copy
     runs = {cls: pitfalls.worker_memory_over_epoch(cls(names), num_workers=2, batch_size=512)
             for cls in (pitfalls.NameListDataset, pitfalls.NameArrayDataset)}
-    pss = {cls: [w[-1] - w[0] for w in r["pss"]] for cls, r in runs.items()}
     uss = {cls: [w[-1] - w[0] for w in r["uss"]] for cls, r in runs.items()}
     mb = list_bytes / pitfalls.MB
+    # USS is the worker's own pages: what it copied, whatever else runs. PSS also shares out the pages other
+    # processes map (torch's libraries, the parent's heap), so other processes move it by megabytes: it is
+    # recorded at every mark for the notebook's plot, and the copying is asserted on USS alone.
     assert all(g > 0.5 * mb for g in uss[pitfalls.NameListDataset])  # most of the list became private
     assert all(g < 0.2 * mb for g in uss[pitfalls.NameArrayDataset])
-    assert min(pss[pitfalls.NameListDataset]) > 5 * max(max(pss[pitfalls.NameArrayDataset]), 0.5)
-    assert runs[pitfalls.NameListDataset]["fraction"][-1] == 1.0
+    for r in runs.values():
+        assert r["fraction"][-1] == 1.0
+        assert all(len(w) == len(r["fraction"]) and min(w) > 0 for key in ("pss", "uss") for w in r[key])
 
 
 @pytest.mark.timeout(120)
@@ -94,10 +97,13 @@ def test_shared_memory_in_flight_is_workers_times_prefetch_plus_the_held_batch(w
 
 
 def test_the_recorded_linux_runs_say_what_the_live_ones_assert():
-    """What a Mac is shown instead of a measurement holds what notebook 12 asserts of a measured run."""
+    """What a Mac is shown instead of a measurement holds what the live run asserts of USS, and notebook 12's
+    summary of its PSS: the list workers' grows, the array workers' does not."""
     memory = pitfalls.COPY_ON_READ_RECORDED
     grow = {label: [w[-1] - w[0] for w in memory[label]["pss"]] for label in ("list of str", "NumPy array")}
     assert min(grow["list of str"]) > 5 * max(max(grow["NumPy array"]), 0.5)
+    own = {label: [w[-1] - w[0] for w in memory[label]["uss"]] for label in ("list of str", "NumPy array")}
+    assert min(own["list of str"]) > 5 * max(max(own["NumPy array"]), 0.5)
     assert all(len(w) == len(memory[label]["fraction"]) for label in grow for w in memory[label]["uss"])
     for (workers, prefetch), r in pitfalls.SHM_IN_FLIGHT_RECORDED.items():
         assert r["batch_bytes"] == 32 * 3 * 128 * 128 * 4 + 32 * 8 and r["segments"] == 2 * (workers * prefetch + 1)
