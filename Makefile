@@ -7,11 +7,13 @@ BIN    := $(VENV)/bin
 # otherwise a second `make test` or `make lab` installs nothing.
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | sha256sum | cut -c1-16)
 PYTEST := $(BIN)/python -m pytest
+# Every core runs tests (pytest-xdist), one test file to a process: most tests wait on the workers they start.
+XDIST ?= -n auto --dist loadfile
 LAB_ARGS ?=
 # JupyterLab refuses to start as root unless told; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test lint unit unit-forkserver unit-spawn nbval nbval-forkserver nbval-spawn browser mac bench clean \
+.PHONY: setup lab test check lint unit unit-forkserver unit-spawn nbval nbval-fork nbval-spawn browser mac bench clean \
 	ft test-ft bench-ft
 
 setup: $(STAMP)
@@ -26,52 +28,74 @@ $(STAMP): pyproject.toml
 lab: setup
 	$(BIN)/jupyter lab --notebook-dir=notebooks $(ROOT_FLAG) $(LAB_ARGS)
 
-# The torch-free part of the suite runs again under a free-threaded interpreter (make test-ft).
-# Notebooks under spawn: `make mac` runs every notebook that starts a process under spawn, in the Mac stand-in
-# (macOS's default start method, with its missing platform facts); `make nbval-spawn` (outputs compared under spawn
-# as well) is not part of it, to keep CI inside its 90 minutes: nbval and nbval-forkserver compare the outputs.
-test: setup lint unit unit-forkserver unit-spawn nbval nbval-forkserver mac test-ft
+# Each start method runs the notebooks once: `make nbval` compares their outputs under forkserver (Linux's default
+# from Python 3.14) on a fake other machine; `make mac` runs them under spawn in the Mac stand-in; `make browser`
+# (.ci/run) runs them under fork in JupyterLab. The torch-free tests run again free-threaded (make test-ft).
+# CONTRIBUTING.md, "What `make test` runs", says what each stage checks and what it took.
+test: setup lint unit unit-forkserver unit-spawn nbval mac test-ft
+
+# The edit-test loop, a few minutes: lint, the loader's own tests and doctests, and one notebook compared.
+CHECK_TESTS := tests/test_sampler.py tests/test_dataset.py tests/test_collate.py tests/test_fetch.py \
+	tests/test_dataloader.py tests/test_worker.py tests/test_shutdown.py tests/test_pin_memory.py tests/test_prefetch.py
+check: setup lint
+	$(PYTEST) $(XDIST) $(CHECK_TESTS) minidl --doctest-modules
+	$(NBVAL_CMD) notebooks/04_single_process_loader.ipynb
 
 lint: setup
 	$(BIN)/ruff check .
 
 # Unit tests plus the doctest examples in the package's docstrings.
 unit: setup
-	$(PYTEST) tests minidl minidl_course minidl_bench --doctest-modules
+	$(PYTEST) $(XDIST) tests minidl minidl_course minidl_bench --doctest-modules
 
 # The tests that start process workers, again with the default start method set to forkserver (Linux
-# from Python 3.14) and to spawn (macOS, Windows): tests/start_method/sitecustomize.py reads MINIDL_START_METHOD
-# in every process of the run. Tests about fork itself ask for it by name. test_state_save_points.py runs its
-# cases that start worker processes there, with fewer save points (see OTHER_START_METHOD in it).
+# from Python 3.14): tests/start_method/sitecustomize.py reads MINIDL_START_METHOD in every process of the run.
+# Tests about fork itself ask for it by name. test_state_save_points.py runs its cases that start worker processes
+# there, with fewer save points (see OTHER_START_METHOD in it).
 MP_TESTS := tests/test_worker.py tests/test_dataloader.py tests/test_torch_parity_loader.py tests/test_faults.py \
 	tests/test_shutdown.py tests/test_state.py tests/test_state_out_of_order.py tests/test_state_resume_cases.py \
 	tests/test_state_save_points.py tests/test_pin_memory.py tests/test_datapipes.py
 
-# The randomized resume test draws 12 settings under fork (make unit) and 4 here, where every worker imports torch.
-unit-forkserver unit-spawn: unit-%: setup
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=$* MINIDL_RESUME_EXAMPLES=4 $(PYTEST) $(MP_TESTS)
+# The randomized resume test draws 12 settings under fork (make unit) and 4 here.
+unit-forkserver: setup
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=forkserver MINIDL_RESUME_EXAMPLES=4 \
+		$(PYTEST) $(XDIST) $(MP_TESTS)
+
+# Under spawn (macOS, Windows), the tests whose outcome spawn itself can change. A forkserver worker is already a
+# fresh process that unpickles everything a spawned one does (its server is a new interpreter: nothing of the test
+# process is inherited, and the main module is prepared the same way), so what spawn alone adds is checked here:
+# a worker that is this process's own child yet takes seconds to start (it imports torch anew): its seeding and
+# worker_init_fn (test_worker), the death of a worker still starting or mid-epoch (test_faults), and shutdown and
+# the main-module guard (test_shutdown). test_picklable, test_worker's every-start-method test, and the spawn
+# tests of test_state_save_points and test_datapipes name spawn themselves, so `make unit` runs them.
+SPAWN_TESTS := tests/test_worker.py tests/test_faults.py tests/test_shutdown.py
+unit-spawn: setup
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=spawn $(PYTEST) $(XDIST) $(SPAWN_TESTS)
 
 
-# Every notebook, run in a fresh kernel and compared with its committed outputs, in quick mode: under this
-# platform's default start method (fork on Linux up to Python 3.13) on a fake other machine (scripts/other_machine.sh:
-# another CPU model, one core), which proves no compared output depends on the machine; then with the default set
-# to forkserver (Linux from Python 3.14) and to spawn (macOS, Windows), as a learner there gets it.
-# DataLoader's warning about more workers than cores is the one stderr line that depends on the core count: the
-# kernels run without it here (a learner still sees it).
+# Every notebook, run in a fresh kernel and compared with its committed outputs, in quick mode, with the default
+# start method set to forkserver (Linux from Python 3.14), on a fake other machine (scripts/other_machine.sh: another
+# CPU model, one core for each notebook), which proves no compared output depends on the machine. `make nbval-fork`
+# and `make nbval-spawn` compare them under the other two (outside `make test`: the browser run and `make mac` run
+# every notebook under those). DataLoader's warning about more workers than cores is the one stderr line that
+# depends on the core count: the kernels run without it here (a learner still sees it).
 # A cell may take up to 300 s (pytest-timeout; 120 s for the unit tests): under spawn every worker is a fresh
 # interpreter that imports torch, and ch12's num_workers sweep starts 16 of them a round.
 # tests/nbval_leaks.py fails a cell that leaves a process it started running after it (a worker outlived its cell).
-NBVAL := env MINIDL_QUICK=1 PYTHONWARNINGS="ignore:This DataLoader will create:UserWarning" $(PYTEST) -p no:cacheprovider \
-	-p tests.nbval_leaks --timeout=300 --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg notebooks
+NBVAL_CMD := env MINIDL_QUICK=1 PYTHONWARNINGS="ignore:This DataLoader will create:UserWarning" $(PYTEST) \
+	-p no:cacheprovider -p tests.nbval_leaks -p tests.one_core_each --timeout=300 --nbval --nbval-current-env \
+	--nbval-sanitize-with tests/nbval_sanitize.cfg
+NBVAL := $(NBVAL_CMD) $(XDIST) notebooks
+START_METHOD = PYTHONPATH=$(CURDIR)/tests/start_method MINIDL_START_METHOD=$(1)
 
 nbval: setup
+	$(call START_METHOD,forkserver) bash scripts/other_machine.sh $(NBVAL)
+
+nbval-fork: setup
 	bash scripts/other_machine.sh $(NBVAL)
 
-nbval-forkserver: setup
-	PYTHONPATH=$(CURDIR)/tests/start_method MINIDL_START_METHOD=forkserver $(NBVAL)
-
 nbval-spawn: setup
-	PYTHONPATH=$(CURDIR)/tests/start_method MINIDL_START_METHOD=spawn $(NBVAL)
+	$(call START_METHOD,spawn) $(NBVAL)
 
 # JupyterLab in headless Chromium: every notebook opened, Run All in quick mode, error cells, missing plots and
 # console errors reported (scripts/browser_run.py). Debian's chromium is installed if missing.

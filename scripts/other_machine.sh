@@ -28,4 +28,5 @@ trap 'umount /proc/cpuinfo 2>/dev/null; rm -f "$fake"' EXIT
 sed "s/^model name.*/model name\t: $FAKE_MODEL/" /proc/cpuinfo >"$fake"
 mount --bind "$fake" /proc/cpuinfo
 echo "other_machine.sh: CPU '$FAKE_MODEL', 1 core (taskset -c 0)" >&2
-taskset -c 0 "$@"
+# The cores the machine has, for a run that gives each of its processes a core of its own (tests/one_core_each.py).
+MINIDL_MACHINE_CORES=$(taskset -cp $$ | sed 's/.*: //') taskset -c 0 "$@"

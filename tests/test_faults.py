@@ -157,13 +157,19 @@ def test_a_failed_read_when_out_of_file_descriptors_says_ulimit_or_file_system()
 
     it._data_queue.get = failed_read
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 3, hard))
+    # The limit caps a new descriptor's number, not how many are open: three free numbers below it, whatever
+    # gaps the open ones leave (pytest-xdist's and multiprocessing's descriptors sit high).
+    taken, limit, free = {int(fd) for fd in os.listdir("/proc/self/fd")}, 0, 0
+    while free < 3:
+        free += limit not in taken
+        limit += 1
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
     try:
         with pytest.raises(RuntimeError, match=r"Too many open files.*`ulimit -n`.*'file_system'"):
             next(it)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
-    it._shutdown_workers()
+        it._shutdown_workers()
 
 
 def test_a_failed_read_with_file_descriptors_left_raises_the_read_error():
