@@ -13,7 +13,7 @@ LAB_ARGS ?=
 # JupyterLab refuses to start as root unless told; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test check lint unit unit-forkserver unit-spawn nbval nbval-fork nbval-spawn browser mac bench clean \
+.PHONY: setup lab test test-stages check chromium lint unit unit-forkserver unit-spawn nbval nbval-fork nbval-spawn browser mac bench clean \
 	ft test-ft bench-ft
 
 setup: $(STAMP)
@@ -32,7 +32,12 @@ lab: setup
 # from Python 3.14) on a fake other machine; `make mac` runs them under spawn in the Mac stand-in; `make browser`
 # (.ci/run) runs them under fork in JupyterLab. The torch-free tests run again free-threaded (make test-ft).
 # CONTRIBUTING.md, "What `make test` runs", says what each stage checks and what it took.
-test: setup lint unit unit-forkserver unit-spawn nbval mac test-ft
+TEST_STAGES := setup lint unit unit-forkserver unit-spawn nbval mac test-ft
+test: $(TEST_STAGES)
+
+# .ci/run runs and times the stages one by one.
+test-stages:
+	@echo $(TEST_STAGES)
 
 # The edit-test loop, a few minutes: lint, the loader's own tests and doctests, and one notebook compared.
 CHECK_TESTS := tests/test_sampler.py tests/test_dataset.py tests/test_collate.py tests/test_fetch.py \
@@ -64,11 +69,11 @@ unit-forkserver: setup
 # Under spawn (macOS, Windows), the tests whose outcome spawn itself can change. A forkserver worker is already a
 # fresh process that unpickles everything a spawned one does (its server is a new interpreter: nothing of the test
 # process is inherited, and the main module is prepared the same way), so what spawn alone adds is checked here:
-# a worker that is this process's own child yet takes seconds to start (it imports torch anew): its seeding and
-# worker_init_fn (test_worker), the death of a worker still starting or mid-epoch (test_faults), and shutdown and
-# the main-module guard (test_shutdown). test_picklable, test_worker's every-start-method test, and the spawn
-# tests of test_state_save_points and test_datapipes name spawn themselves, so `make unit` runs them.
-SPAWN_TESTS := tests/test_worker.py tests/test_faults.py tests/test_shutdown.py
+# a worker that is this process's own child (its death reaches our SIGCHLD handler, as under fork) yet takes
+# seconds to start, as it imports torch anew: the death of a worker still starting or mid-epoch (test_faults), and
+# shutdown and the main-module guard (test_shutdown). test_picklable, test_worker's every-start-method test, and the
+# spawn tests of test_state_save_points and test_datapipes name spawn themselves, so `make unit` runs them.
+SPAWN_TESTS := tests/test_faults.py tests/test_shutdown.py
 unit-spawn: setup
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=spawn $(PYTEST) $(XDIST) $(SPAWN_TESTS)
 
@@ -101,9 +106,11 @@ nbval-spawn: setup
 # console errors reported (scripts/browser_run.py). Debian's chromium is installed if missing.
 CHROMIUM ?= /usr/bin/chromium
 
-browser: setup
-	test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+browser: setup chromium
 	CHROMIUM=$(CHROMIUM) $(BIN)/python scripts/browser_run.py
+
+chromium:
+	test -x $(CHROMIUM) || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
 # Every chapter and exercise notebook run top to bottom in quick mode in a stand-in for macOS (tests/mac_standin:
 # spawn, torch's file_system strategy only, no /proc or /dev/shm, psutil without PSS, no sched_getaffinity), error
@@ -129,10 +136,11 @@ FT_TESTS := tests/test_freethreaded.py tests/test_without_torch.py tests/test_en
 
 ft: $(FT_STAMP)
 
+# Under a lock, and only if no other make finished it meanwhile: .ci/run sets it up in the background (niced) while
+# the unit tests run, and `make test` reaches test-ft later.
 $(FT_STAMP): pyproject.toml scripts/ft.sh
-	bash scripts/ft.sh $(FT_VENV)
-	rm -f $(FT_VENV)/.installed-*
-	touch $(FT_VENV)/.installed-$(FT_HASH)
+	flock $(FT_VENV).lock sh -c 'test -x $(FT_VENV)/bin/python -a -e $(FT_VENV)/.installed-$(FT_HASH) || \
+		{ bash scripts/ft.sh $(FT_VENV) && rm -f $(FT_VENV)/.installed-* && touch $(FT_VENV)/.installed-$(FT_HASH); }'
 
 test-ft: ft
 	$(FT_VENV)/bin/python -m pytest $(FT_TESTS)
