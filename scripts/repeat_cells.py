@@ -3,7 +3,7 @@
     python scripts/repeat_cells.py NOTEBOOK [--runs N] [--methods forkserver spawn] [--quick] [--csv FILE]
 
 Each run is a fresh kernel (nbclient), the notebook top to bottom, with tests/start_method on PYTHONPATH and
-MINIDL_START_METHOD set, as ``make nbval-forkserver`` runs it. A cell "ran long" in a run when it took more than
+MINIDL_START_METHOD set, as ``make nbval`` runs it (forkserver). A cell "ran long" in a run when it took more than
 ``--factor`` times its median over all runs of that method and more than ``--slack`` seconds over it: a cell that
 hangs until a guard stops it, or one that waits on a race, shows up there; the load average is printed per run.
 An error in a cell is counted apart. Nothing is asserted: this is a report to read, not a test.

@@ -160,7 +160,7 @@ def test_every_make_target_named_exists(doc):
 
 
 def test_make_targets_are_read_from_the_makefile():
-    assert {"lab", "test", "unit-spawn", "nbval-forkserver", "bench-ft", "mac", "browser"} <= make_targets()
+    assert {"lab", "test", "unit-spawn", "nbval-fork", "check", "bench-ft", "mac", "browser"} <= make_targets()
     assert "PYTHON" not in make_targets() and "STAMP" not in make_targets()
 
 
