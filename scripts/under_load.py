@@ -1,7 +1,7 @@
 """Run every chapter and exercise notebook in full mode while other processes keep every core busy.
 
     python scripts/under_load.py [NOTEBOOK ...]         (default: every notebook under notebooks/)
-    python scripts/under_load.py --command CMD [ARG ...]  (any command, e.g. `make test`, beside the same load)
+    python scripts/under_load.py [--times N] --command CMD [ARG ...]   (any command, N times, beside the same load)
 
 This is a learner's busy laptop: no notebook may fail because timings moved. Each notebook runs top to bottom
 in a fresh kernel (nbclient), on a temporary copy (the committed notebooks are never written), while one
@@ -82,14 +82,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", help="paths under notebooks/ (default: all)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
+    parser.add_argument("--times", type=int, default=1, help="with --command: run it this many times")
     parser.add_argument("--command", nargs=argparse.REMAINDER, help="run this command beside the load instead")
     args = parser.parse_args()
     if args.command:
+        codes = []
         with BusyCores():
-            start = time.monotonic()
-            code = subprocess.call(args.command)
-        print(f"{' '.join(args.command)}: exit status {code}, {time.monotonic() - start:.0f} s under load", flush=True)
-        return code
+            for run in range(1, args.times + 1):
+                start = time.monotonic()
+                codes.append(subprocess.call(args.command))
+                took = time.monotonic() - start
+                print(f"run {run} of {args.times}: exit status {codes[-1]}, {took:.0f} s under load", flush=True)
+        print(f"{' '.join(args.command)}: {codes.count(0)} of {args.times} runs passed", flush=True)
+        return max(codes, key=bool)
     every = (ROOT / "notebooks").rglob("*.ipynb")
     rels = args.notebooks or sorted(str(p.relative_to(ROOT / "notebooks")) for p in every
                                     if ".ipynb_checkpoints" not in str(p))

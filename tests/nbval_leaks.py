@@ -1,7 +1,13 @@
-"""A pytest plugin for `make nbval` (``-p tests.nbval_leaks``): a cell that leaves a process running fails.
+"""A pytest plugin for `make nbval` (``-p tests.nbval_leaks``): a cell that leaves a process running fails, and each
+notebook's kernel is asked to shut down before nbval kills it.
 
 scripts/cell_leaks.py does the check: the process's command line is reported; it and the kernel are killed, so the
 run goes on. Only nbval's cells are watched; the unit tests have their own check (tests/conftest.py's ``no_leaks``).
+
+nbval ends a kernel with SIGKILL to its process group, which takes multiprocessing's resource tracker with it: under
+forkserver and spawn a queue's semaphores have names in /dev/shm that only the tracker removes, so every notebook
+that made a queue left files behind. After a notebook's last cell the kernel is asked to shut down first, as
+JupyterLab does; its exit runs the tracker's clean-up.
 """
 
 from __future__ import annotations
@@ -12,6 +18,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    kernel = getattr(getattr(item, "parent", None), "kernel", None)
+    last = nextitem is None or getattr(nextitem, "parent", None) is not item.parent
+    if type(item).__name__ == "IPyNbCell" and kernel is not None and last and kernel.is_alive():
+        kernel.km.shutdown_kernel(now=False)  # a shutdown request, then a wait for the kernel to exit
+    return (yield)
 
 
 @pytest.hookimpl(wrapper=True)

@@ -39,6 +39,7 @@ def test_ch01_measure_runs_the_kernel_both_ways_and_gives_a_figure_per_round():
     assert len(measured.speedups) in (1, 2) and all(s > 0 for s in measured.speedups)  # 1: judged GIL-holding
 
 
+@pytest.mark.measures
 def test_ch01_correct_solution_end_to_end(capsys):
     """Every check of the kernel and of the timing function runs for real; the verdict on the figures comes from a
     scripted measurement."""
@@ -61,6 +62,7 @@ def _taking_turns(start, stop):
 _taking_turns.targetoptions = {"nogil": True}  # it releases the GIL (sleeping, and in collatz_steps), as declared
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(120)
 def test_ch01_a_guessed_speedup_is_refused_and_the_measured_one_accepted(capsys):
     """The checker runs the learner's own thread_speedups on the kernel: notebook 01's 1.8 typed in is refused where
@@ -161,6 +163,7 @@ def test_ch01_the_learners_own_rounds_decide_however_the_checkers_run_went():
                       hint="run it on your kernel and set speedup")
 
 
+@pytest.mark.measures
 def test_ch01_the_helpers_clock_each_round_the_learners_cell_runs():
     ratios = thread_speedups(collatz_steps, 200_000, 3)
     logged = ch01.logged_rounds(collatz_steps)[-3:]
@@ -194,6 +197,7 @@ def test_ch01_timing_that_skips_rounds_or_makes_up_numbers_is_refused_on_the_che
     rejects_with_hint(ch01.judge, collatz_steps, measured.speedup + 1e-9, measured, hint=hint)
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(120)
 def test_ch01_the_reference_timing_agrees_with_the_checkers_clock_round_by_round():
     speedup = statistics.median(thread_speedups(collatz_steps, 200_000, 3))  # the learner's cell

@@ -24,6 +24,7 @@ def ch07_measured(ratio):
     return ch07.Measured([ratio * 1e-4] * 5, [1e-4] * 5)
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(60)
 def test_ch07_correct_solution_end_to_end(capsys):
     measured = ch07.measure(pin_copy)

@@ -25,6 +25,7 @@ def ch09_measured(loop=(1.0, 0.5), sleep=(0.2, 0.1)):
                           "sleep_numpy": dict(zip(ch09.METHODS, ([sleep[0]] * 3, [sleep[1]] * 3)))})
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(90)
 def test_ch09_correct_answer_end_to_end(capsys):
     measured = ch09.measure(time_methods, rounds=2)

@@ -45,6 +45,7 @@ def test_ch10_a_timer_that_returns_no_number_on_the_real_loaders_is_named():
 SAME_COST = {"minidl": ch10.PacedLoader(21, 0.0, 0.003), "torch": ch10.PacedLoader(21, 0.0, 0.003)}
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(60)
 def test_ch10_a_guessed_ratio_is_refused_and_the_measured_one_accepted(capsys):
     """The checker runs the learner's own timer: the README's 0.36, typed in where that timer measures the two
@@ -69,6 +70,7 @@ def test_the_checker_carries_no_copy_of_the_answer():
     assert "first = last = time.perf_counter()" not in source and "def reference_per_batch" not in source
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(60)
 def test_ch10_correct_solution_end_to_end(capsys):
     measured = ch10.measure(per_batch_seconds, rounds=3)

@@ -42,6 +42,7 @@ class IntegerDataset(ArrayDataset):
         self.items = np.arange(n, dtype=np.float64)
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(90)
 def test_ch12_leak_correct_solution_end_to_end(capsys):
     measured = ch12.check_no_leak(ArrayDataset)
@@ -72,6 +73,7 @@ def test_ch12_leak_judge_accepts_small_growth():
 # --- ch12 part 2: a hang at fork ----------------------------------------------------------------------------
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(90)
 def test_ch12_hang_correct_fix_end_to_end(capsys):
     outcome = ch12.check_no_hang(LOADER_KWARGS)
@@ -190,6 +192,7 @@ def test_ch12_num_workers_correct_choice_end_to_end(sweep, capsys):
     assert "fastest num_workers=4" in out and "All 4 checks passed" in out
 
 
+@pytest.mark.measures
 def test_ch12_num_workers_the_learners_timer_is_what_the_checker_runs(sweep):
     seen = []
     timer = paced_timer()

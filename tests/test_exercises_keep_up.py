@@ -28,6 +28,7 @@ def per_batch(records):
 # --- right answers --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.measures
 def test_the_reference_answer_passes_and_the_check_says_what_it_measured(capsys):
     ch05.check_keep_up(make_loader)
     out = capsys.readouterr().out

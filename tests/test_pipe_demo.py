@@ -10,6 +10,7 @@ import minidl
 from minidl_course import pipe_demo
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(120)
 @pytest.mark.usefixtures("no_leaks")
 @pytest.mark.parametrize("collate", [minidl.numpy_collate, minidl.default_collate], ids=["numpy", "tensor"])

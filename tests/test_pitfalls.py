@@ -57,6 +57,7 @@ def test_name_datasets_return_the_same_items():
     assert [as_list[i] for i in range(1000)] == [as_array[i] for i in range(1000)] == [len(n) for n in names]
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(120)
 def test_list_of_str_workers_copy_the_list_and_array_workers_do_not():
     names = pitfalls.file_names(200_000)

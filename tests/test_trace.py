@@ -290,6 +290,7 @@ def test_a_batch_that_cannot_be_pickled_raises_in_the_main_process():
         next(iter(loader))
 
 
+@pytest.mark.measures
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_time_between_two_epochs_is_no_consumer_span(num_workers):
     # The consumer's span measures the training step between two batches of one epoch. A pause between epochs

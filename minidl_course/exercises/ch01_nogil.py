@@ -147,15 +147,23 @@ def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Ca
 
 def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _Checks) -> None:
     """Your ``thread_speedups`` on the two stand-ins: a list of ``rounds`` ratios, their median near x2 and x1."""
+    def in_band(got: Any, want: int) -> bool:  # wide: a busy machine wakes a sleeping thread late
+        ratios = harness.positive_numbers(got, STANDIN_ROUNDS)
+        median = statistics.median(ratios) if ratios is not None else 0.0
+        return 1.4 <= median <= 2.6 if want == 2 else 0.7 <= median <= 1.3
+
     for standin, want, case in STANDINS:
-        got = call(thread_speedups, standin, 2000, STANDIN_ROUNDS, what="thread_speedups", case=case)
+        # a median outside the band is measured once more: a burst of load rarely moves both
+        got = harness.twice(functools.partial(call, thread_speedups, standin, 2000, STANDIN_ROUNDS,
+                                              what="thread_speedups", case=case),
+                            functools.partial(in_band, want=want))
         ratios = harness.positive_numbers(got, STANDIN_ROUNDS)
         if ratios is None:
             checks.fail(case, f"thread_speedups(kernel, 2000, {STANDIN_ROUNDS}) should return {STANDIN_ROUNDS} "
                         f"positive numbers, but it returned {got!r}", "return the list of the rounds' speedups, one "
                         "per round; speedup is their median.")
         median = statistics.median(ratios)
-        if not (1.4 <= median <= 2.6 if want == 2 else 0.7 <= median <= 1.3):  # wide: a busy machine wakes late
+        if not in_band(got, want):
             checks.fail(case, f"its speedup is about x{want:g}, but your thread_speedups gave a median of {median:.2f}",
                         first_hint(f"time {BOTH_WAYS} in each round; its ratio is one thread's time / two threads'.",
                                    (want == 2 and 1 / 2.6 <= median <= 1 / 1.4, OTHER_WAY),
