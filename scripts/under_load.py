@@ -88,11 +88,11 @@ def main() -> int:
     if args.command:
         codes = []
         with BusyCores():
-            for run in range(1, args.times + 1):
+            for attempt in range(1, args.times + 1):
                 start = time.monotonic()
                 codes.append(subprocess.call(args.command))
                 took = time.monotonic() - start
-                print(f"run {run} of {args.times}: exit status {codes[-1]}, {took:.0f} s under load", flush=True)
+                print(f"run {attempt} of {args.times}: exit status {codes[-1]}, {took:.0f} s under load", flush=True)
         print(f"{' '.join(args.command)}: {codes.count(0)} of {args.times} runs passed", flush=True)
         return max(codes, key=bool)
     every = (ROOT / "notebooks").rglob("*.ipynb")
