@@ -13,8 +13,8 @@ LAB_ARGS ?=
 # JupyterLab refuses to start as root unless told; containers and CI machines often are root.
 ROOT_FLAG := $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-.PHONY: setup lab test test-stages check chromium lint unit unit-forkserver unit-spawn nbval nbval-fork nbval-spawn browser mac bench clean \
-	ft test-ft bench-ft
+.PHONY: setup lab test test-stages check chromium lint unit unit-forkserver unit-spawn nbval nbval-fork nbval-spawn \
+	browser mac bench clean ft test-ft bench-ft
 
 setup: $(STAMP)
 
@@ -137,9 +137,10 @@ FT_TESTS := tests/test_freethreaded.py tests/test_without_torch.py tests/test_en
 ft: $(FT_STAMP)
 
 # Under a lock, and only if no other make finished it meanwhile: .ci/run sets it up in the background (niced) while
-# the unit tests run, and `make test` reaches test-ft later.
+# the unit tests run, and `make test` reaches test-ft later. Without flock(1) (macOS) make runs it unlocked.
+FT_LOCK := $(if $(shell command -v flock 2>/dev/null),flock $(FT_VENV).lock,)
 $(FT_STAMP): pyproject.toml scripts/ft.sh
-	flock $(FT_VENV).lock sh -c 'test -x $(FT_VENV)/bin/python -a -e $(FT_VENV)/.installed-$(FT_HASH) || \
+	$(FT_LOCK) sh -c 'test -x $(FT_VENV)/bin/python -a -e $(FT_VENV)/.installed-$(FT_HASH) || \
 		{ bash scripts/ft.sh $(FT_VENV) && rm -f $(FT_VENV)/.installed-* && touch $(FT_VENV)/.installed-$(FT_HASH); }'
 
 test-ft: ft
