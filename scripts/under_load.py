@@ -94,7 +94,7 @@ def main() -> int:
                 took = time.monotonic() - start
                 print(f"run {attempt} of {args.times}: exit status {codes[-1]}, {took:.0f} s under load", flush=True)
         print(f"{' '.join(args.command)}: {codes.count(0)} of {args.times} runs passed", flush=True)
-        return max(codes, key=bool)
+        return next((code for code in codes if code), 0)  # the first failure's status, else 0
     every = (ROOT / "notebooks").rglob("*.ipynb")
     rels = args.notebooks or sorted(str(p.relative_to(ROOT / "notebooks")) for p in every
                                     if ".ipynb_checkpoints" not in str(p))

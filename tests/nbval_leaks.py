@@ -20,19 +20,26 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 
+def cell_kernel(item):
+    """The kernel running ``item`` if it is a notebook cell of nbval's, else None."""
+    if type(item).__name__ != "IPyNbCell":
+        return None
+    return getattr(getattr(item, "parent", None), "kernel", None)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    kernel = getattr(getattr(item, "parent", None), "kernel", None)
+    kernel = cell_kernel(item)
     last = nextitem is None or getattr(nextitem, "parent", None) is not item.parent
-    if type(item).__name__ == "IPyNbCell" and kernel is not None and last and kernel.is_alive():
+    if kernel is not None and last and kernel.is_alive():
         kernel.km.shutdown_kernel(now=False)  # a shutdown request, then a wait for the kernel to exit
     return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    kernel = getattr(getattr(item, "parent", None), "kernel", None)
-    if type(item).__name__ != "IPyNbCell" or kernel is None or item.options.get("skip"):
+    kernel = cell_kernel(item)
+    if kernel is None or item.options.get("skip"):
         return (yield)
     from cell_leaks import children, describe, kill, outlived
 

@@ -150,6 +150,19 @@ def judge_figure(checks: _Checks, case: str, name: str, value: Any, targets: Seq
     checks.passed += 1
 
 
+def judged_again_if_refused(refuses: Callable[[M], bool], measure: Callable[[], M], report: Callable[[M], str],
+                            judge: Callable[[M, _Checks], None], what: str) -> Callable[[M, _Checks], None]:
+    """``judge``, but a measurement that refuses the learner's ``what`` is followed by a second one, reported and
+    judged instead: the load may have changed since the learner's cell measured."""
+    def judge_again(measured: M, checks: _Checks) -> None:
+        if not getattr(measured, "problem", "") and refuses(measured):
+            print(f"Your {what} differs from this measurement, so the checker measures once more:")
+            measured = measure()
+            print(report(measured))
+        judge(measured, checks)
+    return judge_again
+
+
 def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:
     """``measure()``, and once more if ``agree`` says no: a burst of load rarely flips both."""
     first = measure()

@@ -127,16 +127,11 @@ def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faste
         return "\n".join(f"Measured by your time_methods, {name}: "
                          + ", ".join(f"{m} {statistics.median(measured[name][m]) * 1e3:.0f} ms" for m in METHODS)
                          + f" per epoch (median of {len(measured[name][METHODS[0]])} rounds)" for name in WORKLOADS)
-    def judge_again_if_refused(measured: Measured, checks: _Checks) -> None:
-        # the load may have changed since your cell measured: an answer refused is judged again on a second measurement
-        if not measured.problem and any(measured.refuses(name, faster[name]) for name in WORKLOADS):
-            print("Your answer differs from this measurement, so the checker measures once more:")
-            measured = measure(time_methods)
-            print(report(measured))
-        judge(faster, measured, checks)
     return harness.measure_then_judge(
         [time_methods], lambda checks: (check_answer_shape(faster, checks), check_timer(time_methods, checks)),
-        lambda: measure(time_methods), report, judge_again_if_refused)
+        lambda: measure(time_methods), report, harness.judged_again_if_refused(
+            lambda m: any(m.refuses(name, faster[name]) for name in WORKLOADS), lambda: measure(time_methods),
+            report, lambda m, checks: judge(faster, m, checks), "answer"))
 
 
 def check_timer(time_methods: Callable[[Callable[[str], Any], int], Any], checks: _Checks) -> None:

@@ -311,17 +311,11 @@ def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], 
                 + f"; fastest num_workers={best}, and any within {TOLERANCE}x of it "
                 f"({medians[best] * TOLERANCE * 1e3:.0f} ms) is accepted")
     again = measure or (lambda: measure_sweep(time_epoch))
-
-    def judge_again_if_refused(measured: dict[int, list[float]], checks: _Checks) -> None:
-        # the load may have changed since your cell measured: a choice refused is judged again on a second measurement
-        if not getattr(measured, "problem", "") and slower_than_fastest(measured, num_workers) > TOLERANCE:
-            print("Your choice differs from this measurement, so the checker measures once more:")
-            measured = again()
-            print(report(measured))
-        judge_num_workers(num_workers, sweep, measured, checks)
     return harness.measure_then_judge(
         [], lambda checks: check_answers(num_workers, sweep, time_epoch, checks), again, report,
-        judge_again_if_refused)
+        harness.judged_again_if_refused(
+            lambda m: slower_than_fastest(m, num_workers) > TOLERANCE, again, report,
+            lambda m, checks: judge_num_workers(num_workers, sweep, m, checks), "choice"))
 
 
 def slower_than_fastest(measured: Mapping[int, list[float]], w: int) -> float:
