@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 STANDIN = ROOT / "tests" / "mac_standin"
 sys.path.insert(0, str(ROOT / "scripts"))
-from browser_run import judge, recap, report  # noqa: E402  (the browser run's verdict, cell by cell, and its report)
+from browser_run import judge, recap, report, timed_alone  # noqa: E402  (the browser run's verdict and report)
 from cell_leaks import children, describe, kill, outlived  # noqa: E402  (no worker outlives its cell)
 
 # No process worker, no multiprocessing, no /proc, /dev/shm, psutil, sharing strategy or core count in these:
@@ -45,8 +45,6 @@ SKIPPED = (
 )
 CELL_TIMEOUT = int(os.environ.get("MAC_CELL_TIMEOUT", "600"))
 
-
-TIMED = ("ch01", "ch05_keep_up", "ch07", "ch09", "ch10", "ch11", "ch12")  # exercises whose checkers time code
 
 
 def run_one(rel: str, out: Path | None) -> tuple[str, list[str], float]:
@@ -105,8 +103,7 @@ def main() -> int:
     start, failures = time.monotonic(), {}
     # An exercise whose checker times the learner's code against its own clock runs alone, after the rest: beside
     # another notebook on 2 cores, its two measurements, seconds apart, see different machines.
-    alone = [r for r in rels if r.startswith("exercises/") and r.removesuffix(".ipynb").endswith("_solution")
-             and r.split("/")[-1].startswith(TIMED)]
+    alone = timed_alone(rels)
     with ThreadPoolExecutor(max(1, args.jobs)) as pool:
         for rel, problems, seconds in pool.map(lambda r: run_one(r, args.out), [r for r in rels if r not in alone]):
             report(rel, problems, seconds, failures)
