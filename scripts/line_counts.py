@@ -47,19 +47,22 @@ class Row:
 
 
 MP_ITER = "dataloader.py::_MultiProcessingDataLoaderIter"
+SIGNALS = tuple(f"_utils.py::{name}" for name in ("_set_worker_pids", "_remove_worker_pids", "describe_exit",
+                                                  "worker_failure_message", "_exit_code", "_error_if_any_worker_fails",
+                                                  "_set_SIGCHLD_handler"))
 
-LOADER = (  # the loader, in the order to read it
+LOADER = (  # the loader, in the order to read it; the hooks the layers extend (their marked blocks) count here
     Row("fetch: indices in, one batch out", ("fetch.py",), ("_utils/fetch.py",)),
     Row("`DataLoader` and the single-process iterator", ("dataloader.py",), ("dataloader.py",)),
     Row("the worker loop", ("worker.py",), ("_utils/worker.py",)),
     Row("the multi-process iterator, in `dataloader.py`", (MP_ITER,), (MP_ITER,)),
+    Row("a dead worker reported at once (SIGCHLD)", SIGNALS, ("_utils/signal_handling.py",),
+        label="`_utils.py`: `_set_SIGCHLD_handler` and the functions it calls"),
     Row("the pin-memory thread", ("pin_memory.py",), ("_utils/pin_memory.py",)),
 )
 LAYERS = (  # then minidl's layers: torch has no file for them
-    Row("layer: tracing", ("trace.py", "trace_analysis.py", "layer: tracing"),
-        label="`trace.py`, `trace_analysis.py` + their marked blocks"),
-    Row("layer: resume", ("state.py", "layer: resume")),
-    Row("what tracing and resume share", ("layer: shared",), label="marked blocks in `worker.py`, `dataloader.py`"),
+    Row("layer: tracing", ("trace.py", "trace_analysis.py")),
+    Row("layer: resume", ("state.py",)),
     Row("layer: thread workers", ("_thread_workers.py",)),
     Row("layer: the CUDA-stream prefetcher", ("prefetch.py",)),
 )
@@ -76,14 +79,15 @@ ROWS = LOADER + LAYERS + CALLED
 
 
 def code_line_numbers(source: str) -> set[int]:
-    """The numbers of the lines with a token that is neither a comment nor inside a docstring."""
+    """The numbers of the lines with a token that is neither a comment nor inside a docstring.
+
+    A docstring is any string standing alone as a statement, on both sides: torch documents some module
+    constants with one below them (``_utils/__init__.py``'s ``MP_STATUS_CHECK_INTERVAL``).
+    """
     docstrings: set[int] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
-                docstrings.update(range(body[0].lineno, body[0].end_lineno + 1))
+    for node in ast.walk(ast.parse(source)):  # a string alone as a statement documents: a docstring, or torch's
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            docstrings.update(range(node.lineno, node.end_lineno + 1))  # r"""...""" below a module constant
     skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENCODING,
             tokenize.ENDMARKER}
     lines: set[int] = set()
