@@ -67,17 +67,20 @@ def _pin_memory_loop(in_queue, out_queue, device_id: int | None, done_event, dev
         torch.set_num_threads(1)
         if device_id is not None:
             torch.accelerator.set_device_index(device_id)
-    while not done_event.is_set():
+
+    def do_one_step() -> None:
+        # One batch per call: its names die when the call returns, so the thread holds no pinned batch while it
+        # waits for the next one (the consumer may have dropped it long ago). torch splits its loop the same way.
         try:
             r = in_queue.get(timeout=MP_STATUS_CHECK_INTERVAL)
         except queue.Empty:
-            continue
+            return
         idx, data = r
         if not done_event.is_set() and not isinstance(data, ExceptionWrapper):
             try:
                 data = pin_memory(data, device)
             except Exception:
-                data = ExceptionWrapper(where="in pin memory thread")
+                data = ExceptionWrapper(where=f"in pin memory thread for device {device_id}")
             r = (idx, data)
         while not done_event.is_set():
             try:
@@ -85,3 +88,6 @@ def _pin_memory_loop(in_queue, out_queue, device_id: int | None, done_event, dev
                 break
             except queue.Full:
                 continue
+
+    while not done_event.is_set():
+        do_one_step()

@@ -14,6 +14,7 @@ import queue
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Mapping, MutableMapping
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
 from accelerator_fakes import report_cuda  # noqa: E402
+from torch.utils.data._utils.pin_memory import _pin_memory_loop as torch_pin_memory_loop  # noqa: E402
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  # noqa: E402
 
 import minidl  # noqa: E402
@@ -309,6 +311,60 @@ def test_loop_stops_while_blocked_on_a_full_out_queue(loop_errors):
     thread.join(timeout=2 * MP_STATUS_CHECK_INTERVAL + 1)
     assert not thread.is_alive()
     assert out_q.get_nowait()[0] == 0 and out_q.empty()  # the second batch was dropped, not forced in
+    assert not loop_errors
+
+
+LOOPS = {"torch": torch_pin_memory_loop, "minidl": _pin_memory_loop}
+
+
+def first_line_of_pinning_error(loop, device_id: int) -> tuple[type, str]:
+    """Run ``loop`` for device ``device_id`` on one batch that fails to pin; the error's type and first line."""
+    in_q, out_q, done = queue.Queue(), queue.Queue(), threading.Event()
+    thread = threading.Thread(target=loop, args=(in_q, out_q, device_id, done, None), daemon=True)
+    thread.start()
+    in_q.put((0, Unpinnable()))
+    _, wrapper = out_q.get(timeout=5)
+    stop_loop(thread, done, in_q)
+    with pytest.raises(Exception) as info:
+        wrapper.reraise()
+    return type(info.value), str(info.value).splitlines()[0]
+
+
+def test_a_pinning_error_names_the_device_in_torchs_words(loop_errors, monkeypatch):
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)  # no accelerator here
+    theirs = first_line_of_pinning_error(torch_pin_memory_loop, 1)
+    assert first_line_of_pinning_error(_pin_memory_loop, 1) == theirs
+    assert theirs == (ValueError, "Caught ValueError in pin memory thread for device 1.")
+    assert not loop_errors
+
+
+class Traceable:
+    """A batch that pins to a new object a weak reference can follow."""
+
+    def __init__(self, pinned: list) -> None:
+        self.pinned = pinned  # weak references to every pinned copy made
+
+    def pin_memory(self) -> Traceable:
+        copy = Traceable(self.pinned)
+        self.pinned.append(weakref.ref(copy))
+        return copy
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("lib", LOOPS)
+def test_the_loop_keeps_no_pinned_batch_alive_while_it_waits_for_the_next(lib, monkeypatch, loop_errors):
+    # Pinned memory is scarce: once the consumer drops a batch, the waiting thread must not hold it either.
+    monkeypatch.setattr(torch.accelerator, "set_device_index", lambda index: None)
+    in_q, out_q, done = WaitLog(), queue.Queue(), threading.Event()
+    thread = threading.Thread(target=LOOPS[lib], args=(in_q, out_q, 0, done, None), daemon=True)
+    thread.start()
+    pinned: list = []
+    in_q.put((0, Traceable(pinned)))
+    out_q.get(timeout=5)  # the consumer takes the pinned batch and drops it at once
+    while len(in_q.timeouts) < 2:  # the loop is back waiting for the next batch
+        time.sleep(0.01)
+    assert len(pinned) == 1 and pinned[0]() is None
+    stop_loop(thread, done, in_q)
     assert not loop_errors
 
 
