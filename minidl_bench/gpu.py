@@ -1,20 +1,28 @@
 """The ``gpu`` suite: what pinned memory and PrefetchLoader's side stream buy on a CUDA machine.
 
-Tasks (the CSV's ``task`` column, with what its ``size`` counts), all timed on the GPU with CUDA events:
+Tasks (the CSV's ``task`` column, with what its ``size`` counts):
 
 * ``h2d-copy`` (images per batch, each 3x224x224 uint8): one host-to-device copy from pageable and
-  from pinned memory; the note gives the bandwidth in GB/s.
+  from pinned memory, timed on the GPU with CUDA events; the note gives the bandwidth in GB/s.
+* ``h2d-wait`` (images per batch): what the CPU waits for. The wall time the training loop's thread
+  spends inside ``x.to("cuda")`` called right after a step was queued, four ways: from pageable or pinned
+  memory, blocking or ``non_blocking=True``. torch's blocking copy is ``cudaMemcpyAsync`` followed by
+  ``cudaStreamSynchronize`` (``memcpy_and_sync`` in ``c10/cuda/CUDAFunctions.h``), so it waits for the
+  queued step as well as the copy; CUDA documents that an asynchronous copy from pageable memory may be
+  synchronous too. The row ``step alone`` is how long the queued step keeps the GPU busy.
 * ``train-step`` (steps per epoch): an epoch of a stand-in training step, a few matmuls sized to take
-  about as long as one batch's copy, fed four ways: batches already on the GPU (no copy at all), copy
-  then step on one stream, and PrefetchLoader over pinned and over pageable batches. The note says
-  what fraction of the copy time the prefetcher hid.
+  about as long as one batch's copy, fed five ways: batches already on the GPU (no copy at all), copy
+  then step on one stream (from pinned memory, ``non_blocking``; and a beginner's blocking copy from
+  pageable memory), and PrefetchLoader over pinned and over pageable batches. Timed on the GPU with CUDA
+  events; the note says what fraction of the copy time the prefetcher hid, and how long the loop's thread
+  took to queue the epoch by the host's clock (queuing, plus every wait inside a blocking call).
 * ``pin-thread`` (images per batch): minidl's pin-memory thread beside torch's. The same batches, from
   two process workers, pinned by each loader's pin thread for the same device and copied to it; wall
   time per batch after the first (the thread's steady state, worker start left out), the two loaders
   taking turns round by round. The note on minidl's row gives the paired ratio minidl / torch; every
   round's figure goes to ``gpu_rounds.csv`` (round 0 the warm-up), so the ratio can be paired again.
 
-The first two tasks' batches come from a list of ready-made host tensors, not a DataLoader, so the
+The first three tasks' batches come from a list of ready-made host tensors, not a DataLoader, so the
 host's loading time stays out of their numbers. Without CUDA the suite says it needs CUDA and records
 nothing.
 """
@@ -37,6 +45,10 @@ MATMULS = 4  # per training step
 PIN_BATCH, PIN_BATCHES, PIN_ROUNDS = 64, 24, 11  # pin-thread: images per batch, batches per epoch, timed rounds
 QUICK_PIN_BATCH, QUICK_PIN_BATCHES = 8, 6  # quick: session.repeats rounds
 PIN_WORKERS = 2
+WAIT_BATCH, QUICK_WAIT_BATCH = 64, 8  # h2d-wait: images per copy
+WAIT_STEP_S = 0.02  # h2d-wait: the step queued before each copy keeps the GPU busy about this long
+WAIT_WAYS = {"pageable, blocking": ("pageable", False), "pageable, non_blocking": ("pageable", True),
+             "pinned, blocking": ("pinned", False), "pinned, non_blocking": ("pinned", True)}
 
 
 def cuda_time(fn: Callable[[], object], repeats: int) -> Timing:
@@ -57,8 +69,26 @@ def cuda_time(fn: Callable[[], object], repeats: int) -> Timing:
     return Timing(statistics.median(times), min(times), max(times), repeats, first)
 
 
+def host_time(fn: Callable[[], object], repeats: int, synchronize: Callable[[], object]) -> Timing:
+    """The wall time the calling thread spends in ``fn()``, from an idle device: queuing its work, plus every wait
+    inside a call that blocks (the host's clock; ``synchronize`` after each call, outside the timing)."""
+
+    def once() -> float:
+        synchronize()
+        start = time.perf_counter()
+        fn()
+        took = time.perf_counter() - start
+        synchronize()
+        return took
+
+    first = once()
+    times = [once() for _ in range(repeats)]
+    return Timing(statistics.median(times), min(times), max(times), repeats, first)
+
+
 def run(session: Session) -> None:
-    """Measure ``h2d-copy`` and ``train-step``; save ``gpu_bandwidth.png`` and ``gpu_prefetch.png``."""
+    """Measure ``h2d-copy``, ``h2d-wait``, ``train-step`` and ``pin-thread``; save ``gpu_bandwidth.png`` and
+    ``gpu_prefetch.png``."""
     import torch
 
     if not torch.cuda.is_available():
@@ -66,6 +96,8 @@ def run(session: Session) -> None:
         return
     session.log(f"[{session.suite}] device: {torch.cuda.get_device_name()}")
     sizes, bandwidth = _h2d_copy(session, torch)
+    weights = _sized_matmuls(torch, WAIT_STEP_S, session.repeats)
+    host_wait(session, torch, "cuda", lambda: _chain(weights), torch.cuda.synchronize)
     steps = _train_step(session, torch)
     pin_thread(session, torch, "cuda", torch.cuda.synchronize)
     if missing("matplotlib"):
@@ -103,6 +135,51 @@ def _h2d_copy(session: Session, torch) -> tuple[list[int], dict[str, list[float]
     return sizes, bandwidth
 
 
+def host_wait(session: Session, torch, device: str, queue_step: Callable[[], object],
+              synchronize: Callable[[], object],
+              to: Callable[..., object] | None = None) -> dict[str, list[float]]:
+    """``h2d-wait``: seconds the calling thread spends in ``to(x, non_blocking)`` (default: ``x.to(device,
+    non_blocking=...)``) called right after ``queue_step()`` queued a step on ``device``, for each of ``WAIT_WAYS``;
+    ``step alone``: how long that step keeps the device busy (``synchronize`` waits for all queued work).
+
+    Each round starts from an idle device, and the four ways take turns in rotating order. Returns every round's
+    seconds per way, the warm-up round first. Raises AssertionError if a copy's bytes differ from the batch's.
+    """
+    from minidl_bench.loaders import timing
+
+    n = QUICK_WAIT_BATCH if session.quick else WAIT_BATCH
+    rounds = session.repeats if session.quick else max(session.repeats, PIN_ROUNDS)
+    if to is None:
+        def to(x, non_blocking):
+            return x.to(device, non_blocking=non_blocking)
+    g = torch.Generator().manual_seed(0)
+    pageable = torch.randint(0, 256, (n, *IMAGE_SHAPE), dtype=torch.uint8, generator=g)
+    sources = {"pageable": pageable, "pinned": pageable.pin_memory()}
+    names = list(WAIT_WAYS)
+    waits: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds + 1):  # round 0: the warm-up
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            memory, non_blocking = WAIT_WAYS[name]
+            synchronize()  # an idle device: only the step queued next is ahead of the copy
+            queue_step()
+            start = time.perf_counter()
+            copy = to(sources[memory], non_blocking)
+            waits[name].append(time.perf_counter() - start)
+            synchronize()
+            if r == 0 and not torch.equal(copy.cpu(), pageable):
+                raise AssertionError(f"[{session.suite}] h2d-wait: the {name} copy of {n} images is wrong")
+    # queued, then waited for: how long the step keeps the device busy
+    step = host_time(lambda: (queue_step(), synchronize()), rounds, synchronize)
+    note = f"{n} images, {pageable.nbytes / 1e6:.1f} MB; the step queued before each copy: {step.median * 1e3:.2f} ms"
+    for name, values in waits.items():
+        session.record("h2d-wait", name, timing(values), size=n, baseline=name == "pageable, blocking", note=note)
+    session.record("h2d-wait", "step alone", step, size=n, note="the queued step, waited for: its time on the device")
+    held = ", ".join(f"{name} {statistics.median(values[1:]) * 1e3:.3f} ms" for name, values in waits.items())
+    session.log(f"[{session.suite}] h2d-wait: after a step of {step.median * 1e3:.2f} ms was queued, x.to() held the "
+                f"loop's thread for (median of {rounds}): {held}")
+    return waits
+
+
 def _train_step(session: Session, torch) -> dict[str, Timing]:
     from minidl.prefetch import PrefetchLoader
 
@@ -134,6 +211,10 @@ def _train_step(session: Session, torch) -> dict[str, Timing]:
         for x, _ in pinned:
             step(normalise(x.to("cuda", non_blocking=True)))
 
+    def blocking_copy_then_step():  # a beginner's loop: pageable batches, x.to("cuda")
+        for x, _ in pageable:
+            step(normalise(x.to("cuda")))
+
     def prefetched(batches):
         def epoch():
             for x, _ in PrefetchLoader(batches, device="cuda"):
@@ -143,14 +224,17 @@ def _train_step(session: Session, torch) -> dict[str, Timing]:
     for (got, _), (x, _) in zip(PrefetchLoader(pinned, device="cuda"), on_gpu):
         if not torch.equal(got, normalise(x)):
             raise AssertionError(f"[{session.suite}] PrefetchLoader's batches differ from the plain copy's")
-    timings = {}
+    timings, queued = {}, {}
     for method, fn in (("data already on GPU", no_copy), ("copy then step", copy_then_step),
+                       ("copy then step, pageable, blocking", blocking_copy_then_step),
                        ("PrefetchLoader, pinned", prefetched(pinned)),
                        ("PrefetchLoader, pageable", prefetched(pageable))):
         timings[method] = cuda_time(fn, session.repeats)
+        queued[method] = host_time(fn, session.repeats, torch.cuda.synchronize).median
     copy_cost = timings["copy then step"].median - timings["data already on GPU"].median
     for method, timing in timings.items():
-        note = f"{n} images/step, {MATMULS} matmuls of {weights.shape[-1]}^2"
+        note = (f"{n} images/step, {MATMULS} matmuls of {weights.shape[-1]}^2; the loop's thread queued the epoch "
+                f"in {queued[method] * 1e3:.2f} ms (waits included)")
         if method.startswith("PrefetchLoader") and copy_cost > 0:
             hidden = (timings["copy then step"].median - timing.median) / copy_cost
             note += f"; hides {hidden:.0%} of the copy time"
@@ -225,17 +309,18 @@ def pin_thread(session: Session, torch, device: str, synchronize: Callable[[], o
     return results
 
 
+def _chain(weights) -> None:
+    """Queue ``MATMULS`` chained matrix products: a step's worth of GPU work that returns at once."""
+    h = weights[0]
+    for w in weights:
+        h = h @ w
+
+
 def _sized_matmuls(torch, seconds: float, repeats: int):
     """``MATMULS`` square weight matrices whose chained product takes about ``seconds`` on this GPU."""
     side = 1024
     for _ in range(2):  # time a guess, rescale by the cube law, check once more
         weights = torch.randn(MATMULS, side, side, device="cuda") / side**0.5
-
-        def chain(weights=weights):
-            h = weights[0]
-            for w in weights:
-                h = h @ w
-
-        took = cuda_time(chain, repeats).median
+        took = cuda_time(lambda weights=weights: _chain(weights), repeats).median
         side = int(min(max(side * (seconds / took) ** (1 / 3), 128), 16384)) // 64 * 64
     return torch.randn(MATMULS, side, side, device="cuda") / side**0.5

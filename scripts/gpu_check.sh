@@ -4,8 +4,10 @@
 #   scripts/gpu_check.sh OUT_DIR          # e.g. scripts/gpu_check.sh "$OUT" on the lent GPU machine
 #
 # Writes into OUT_DIR: gpu_check.log (the GPU, driver, torch and CUDA versions, what was run and how it ended:
-# everything this script prints), gpu.csv, gpu_rounds.csv and gpu_*.png (the bench), gpu_tests.xml and
-# gpu_tests.txt (pytest's reports, when pytest is there). Runs from the checkout with PYTHONPATH set to it;
+# everything this script prints), gpu.csv, gpu_rounds.csv and gpu_*.png (the bench: pinned against pageable
+# copy bandwidth; h2d-wait, how long x.to("cuda") holds the loop's thread after a queued step, blocking or
+# not, pageable or pinned; the prefetcher's hidden share; minidl's pin thread beside torch's), gpu_tests.xml
+# and gpu_tests.txt (pytest's reports, when pytest is there). Runs from the checkout with PYTHONPATH set to it;
 # the interpreter is $PYTHON, else python3 (the GPU machine has its own torch with CUDA and no network:
 # nothing is installed). Every step runs under `timeout`, none past DEADLINE (7m40s from the start): the
 # script ends inside 8 minutes. Without CUDA (or without torch) it says so and exits 0, having measured

@@ -7,6 +7,7 @@ import csv
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,87 @@ def test_the_pin_thread_task_refuses_batches_that_differ_from_torchs(tmp_path, p
     assert session.rows == []
 
 
+class QueuedDevice:
+    """A device queue on the CPU that keeps CUDA's documented host synchronisation: queued work runs only when the
+    host waits for it. A blocking copy (torch's ``memcpy_and_sync``: the copy, then ``cudaStreamSynchronize``) and a
+    ``non_blocking`` copy from pageable memory (which CUDA says may be synchronous; here it always is) wait for
+    everything queued before them; a ``non_blocking`` copy from pinned memory is only queued. ``log`` records what
+    happened, in order."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s, self.queue, self.log, self.pinned = step_s, [], [], set()
+
+    def pin(self, tensor):
+        pinned = tensor.clone()
+        self.pinned.add(pinned.data_ptr())
+        return pinned
+
+    def queue_step(self) -> None:
+        def step():
+            time.sleep(self.step_s)
+            self.log.append("step done")
+        self.queue.append(step)
+
+    def synchronize(self) -> None:
+        while self.queue:
+            self.queue.pop(0)()
+
+    def to(self, x, non_blocking):
+        out = torch.empty_like(x)
+        if non_blocking and x.data_ptr() in self.pinned:
+            self.queue.append(lambda: out.copy_(x))
+        else:
+            self.synchronize()
+            out.copy_(x)
+        self.log.append(f"copy returned, pinned {x.data_ptr() in self.pinned}, non_blocking {non_blocking}")
+        return out
+
+
+@pytest.fixture
+def queued_device(monkeypatch):
+    """The CUDA stand-in (accelerator_fakes.report_cuda), pinning into memory the QueuedDevice knows as pinned."""
+    report_cuda(monkeypatch)
+    device = QueuedDevice(step_s=0.02)
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self, device_=None: device.pin(self))
+    return device
+
+
+def test_the_host_wait_task_times_what_the_loops_thread_waits_for(tmp_path, queued_device, capsys):
+    """Tried through a device queue that keeps CUDA's rules: a blocking copy, or a non_blocking one from pageable
+    memory, holds the thread for the step queued before it (the step's sleep is a floor no load can lower); a
+    non_blocking copy from pinned memory returns before that step has run."""
+    session = Session("gpu", quick=True, out=tmp_path, bar=PlainBar())
+    waits = gpu.host_wait(session, torch, "cuda", queued_device.queue_step, queued_device.synchronize,
+                          to=queued_device.to)
+    rounds = session.repeats + 1  # the warm-up round first
+    assert {name: len(values) for name, values in waits.items()} == {name: rounds for name in gpu.WAIT_WAYS}
+    for name in ("pageable, blocking", "pageable, non_blocking", "pinned, blocking"):
+        assert min(waits[name]) >= queued_device.step_s, name
+    log = queued_device.log
+    returned = [i for i, line in enumerate(log) if line == "copy returned, pinned True, non_blocking True"]
+    assert len(returned) == rounds
+    assert all(log[i - 1] != "step done" for i in returned)  # returned with its step still queued
+    assert all(log[i + 1] == "step done" for i in returned)  # which ran when the bench synchronised
+    blocking = [i for i, line in enumerate(log) if line.startswith("copy returned") and i not in returned]
+    assert len(blocking) == 3 * rounds and all(log[i - 1] == "step done" for i in blocking)
+    assert [(r.task, r.method, r.size, r.baseline) for r in session.rows] == [
+        ("h2d-wait", name, gpu.QUICK_WAIT_BATCH, name == "pageable, blocking") for name in gpu.WAIT_WAYS] + [
+        ("h2d-wait", "step alone", gpu.QUICK_WAIT_BATCH, False)]
+    assert session.rows[-1].timing.min >= queued_device.step_s
+    assert all("the step queued before each copy: " in r.note for r in session.rows[:-1])
+    assert "x.to() held the loop's thread for (median of 3): pageable, blocking " in capsys.readouterr().out
+
+
+def test_the_host_wait_task_refuses_a_copy_that_differs(tmp_path, queued_device):
+    def wrong(x, non_blocking):
+        return queued_device.to(x, non_blocking) + 1
+
+    session = Session("gpu", quick=True, out=tmp_path, bar=PlainBar())
+    with pytest.raises(AssertionError, match="h2d-wait: the .* copy of 8 images is wrong"):
+        gpu.host_wait(session, torch, "cuda", queued_device.queue_step, queued_device.synchronize, to=wrong)
+    assert session.rows == []
+
+
 def test_gpu_check_script_without_cuda_says_so_and_exits_cleanly(tmp_path):
     out = tmp_path / "run"
     # An empty CUDA_VISIBLE_DEVICES hides any GPU, so this holds on a GPU machine too.
@@ -155,15 +237,19 @@ def test_quick_run_on_cuda_writes_every_row(tmp_path):
     copies = [r for r in rows if r["task"] == "h2d-copy"]
     assert sorted((int(r["size"]), r["method"]) for r in copies) == sorted(
         (n, m) for n in gpu.QUICK_COPY_BATCHES for m in ("pageable", "pinned"))
+    waits = [r for r in rows if r["task"] == "h2d-wait"]
+    assert [(r["method"], int(r["size"])) for r in waits] == [
+        (name, gpu.QUICK_WAIT_BATCH) for name in [*gpu.WAIT_WAYS, "step alone"]]
     steps = [r for r in rows if r["task"] == "train-step"]
-    assert {r["method"] for r in steps} == {"data already on GPU", "copy then step", "PrefetchLoader, pinned",
-                                            "PrefetchLoader, pageable"}
+    assert {r["method"] for r in steps} == {"data already on GPU", "copy then step", "copy then step, pageable, "
+                                            "blocking", "PrefetchLoader, pinned", "PrefetchLoader, pageable"}
     assert all(int(r["size"]) == gpu.QUICK_STEPS for r in steps)
+    assert all("the loop's thread queued the epoch in " in r["note"] for r in steps)
     pins = [r for r in rows if r["task"] == "pin-thread"]
     assert [(r["method"], int(r["size"])) for r in pins] == [("torch", gpu.QUICK_PIN_BATCH),
                                                               ("minidl", gpu.QUICK_PIN_BATCH)]
     assert all("pinned: True" in r["note"] for r in pins) and "minidl / torch paired by round" in pins[1]["note"]
-    assert len(rows) == len(copies) + len(steps) + len(pins)
+    assert len(rows) == len(copies) + len(waits) + len(steps) + len(pins)
     for r in rows:
         median, low, high = float(r["median_s"]), float(r["min_s"]), float(r["max_s"])
         assert 0 < low <= median <= high and int(r["repeats"]) >= 3
