@@ -2,6 +2,8 @@
 the reference answer and rejects typical wrong answers with the hint that names the mistake.
 """
 
+import functools
+import multiprocessing
 import re
 import sys
 import threading
@@ -144,14 +146,19 @@ def test_check_worker_loop_rejects_a_wrong_loop_and_says_why(wrong, message):
     assert re.search(message, str(info.value), re.DOTALL), str(info.value)
 
 
-def test_check_worker_loop_needs_a_function_workers_can_import(monkeypatch):
+def test_check_worker_loop_refuses_a_function_from_a_notebook_cell_only_where_workers_import_it(monkeypatch,
+                                                                                                capsys):
     def in_a_cell(dataset, index_queue, result_queue, collate_fn):
         simple_worker_loop(dataset, index_queue, result_queue, collate_fn)
 
     in_a_cell.__module__ = "__main__"
     monkeypatch.setitem(sys.modules, "__main__", types.ModuleType("__main__"))  # a kernel's: no __file__
-    with pytest.raises(AssertionError, match=r"(?s)can't import a function defined in a notebook cell.*%%writefile"):
-        check_worker_loop(in_a_cell)
+    with pytest.raises(AssertionError, match=r"(?s)started with spawn can't import a function defined in a notebook "
+                                             r"cell.*%%writefile"):
+        check_worker_loop(in_a_cell, start_method="spawn")
+    if "fork" in multiprocessing.get_all_start_methods():  # a forked worker has the kernel's function already
+        check_worker_loop(in_a_cell, start_method="fork")
+        assert re.fullmatch(r"All \d+ checks passed\n", capsys.readouterr().out)
 
 
 def test_check_worker_loop_under_spawn_rejects_what_a_worker_cannot_import():
@@ -204,14 +211,14 @@ def test_check_worker_loop_tells_reading_past_the_sentinel_from_not_leaving(wron
 
 
 
-def quits_on_an_empty_queue(dataset, index_queue, result_queue, collate_fn):
+def quits_on_an_empty_queue(dataset, index_queue, result_queue, collate_fn, patience=0.05):
     import queue
 
     while True:
         try:
-            task = index_queue.get(timeout=0.05)
+            task = index_queue.get(timeout=patience)
         except queue.Empty:
-            return  # a real loader's next task comes late whenever a training step takes over 50 ms
+            return  # a real loader's next task comes late whenever a training step takes longer than patience
         if task is None:
             return
         task_idx, indices = task
@@ -264,9 +271,29 @@ def says_done_with_none(dataset, index_queue, result_queue, collate_fn):
     result_queue.put(None)
 
 
+def polls_then_gives_up(dataset, index_queue, result_queue, collate_fn):
+    import queue
+    import time
+
+    for _ in range(20):  # 20 polls 20 ms apart: 0.4 s of an empty queue, then it leaves
+        try:
+            task = index_queue.get_nowait()
+        except queue.Empty:
+            time.sleep(0.02)
+            continue
+        if task is None:
+            return
+        try:
+            batch = collate_fn([dataset[i] for i in task[1]])
+        except Exception:
+            batch = ExceptionWrapper(where="in a worker")
+        result_queue.put((task[0], batch))
+
+
 @pytest.mark.parametrize("wrong, message", [
-    (quits_on_an_empty_queue, r"main process busy.*returned after 1 of 2 answers, while the index queue stayed "
-                              r"empty.*an empty queue is not the end"),
+    *[(functools.partial(quits_on_an_empty_queue, patience=patience), r"main process busy.*returned after 1 of 2 "
+       r"answers, while the main process was busy.*however long it stays empty") for patience in (0.05, 1.0, 30.0)],
+    (polls_then_gives_up, r"returned after 1 of 2 answers, while the main process was busy"),
     (wraps_after_the_except_block, r"ExceptionWrapper that holds no exception.*inside the except block"),
     (says_done_with_none, r"put None on result_queue after its answers.*put only answers"),
 ])

@@ -3,6 +3,7 @@ reference answer or one that hands its work to the library."""
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 import threading
 import traceback
@@ -72,10 +73,14 @@ class _Checks:
         with self.watching(library, case, problem, hint):
             return call(fn, *args, what=what, case=case, explain=explain) if what else fn(*args)
 
-    def refuse_cell_function(self, fn: Any, problem: str, hint: str) -> None:
-        """Fail when ``fn`` was defined in a notebook cell, which a spawn or forkserver worker can't import."""
-        if getattr(fn, "__module__", None) == "__main__" and not hasattr(sys.modules.get("__main__"), "__file__"):
-            self.fail(f"{getattr(fn, '__name__', fn)!r}, defined in this notebook", problem, hint)
+    def refuse_cell_function(self, fn: Any, problem: str, hint: str, start_method: str | None = None) -> None:
+        """Fail when ``fn`` was defined in a notebook cell and workers start with ``start_method`` (this platform's
+        default if None) other than fork: a spawn or forkserver worker imports it, a forked one has it already."""
+        method = start_method or multiprocessing.get_start_method()
+        if (method != "fork" and getattr(fn, "__module__", None) == "__main__"
+                and not hasattr(sys.modules.get("__main__"), "__file__")):
+            self.fail(f"{getattr(fn, '__name__', fn)!r}, defined in this notebook", problem.format(method=method),
+                      hint)
 
 
 def first_hint(default: str, *cases: tuple[Any, str]) -> str:

@@ -21,6 +21,7 @@ from minidl_course.exercises.ch03_collate import expected_collate, make_token_sa
 Task = tuple[int, list[int]]  # (task_idx, indices): one batch's worth of work, as the main process sends it
 STUCK_AFTER = 3.0  # seconds a worker loop may take to leave after its sentinel before the checker gives up
 BUSY_MAIN = 0.3  # seconds one case's main process leaves the index queue empty, as a slow training step does
+EMPTIES = 25  # and how many timed-out gets it answers with queue.Empty before it sends the next task
 DELEGATED = "{0} is the library's worker loop: write the loop yourself (get, fetch, collate, put, until None)."
 AT_NONE = "None means 'no more work': when index_queue.get() returns None, return from the function right away."
 MODULE_FILE = "write it into a module file (the %%writefile cell) and import it from there: a fresh process imports it."
@@ -71,8 +72,8 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     seeded task lists in a thread (where a hang or a crash can be seen and explained), then in two worker processes
     started with ``start_method`` (this platform's default if None)."""
     checks = _Checks(worker_loop)
-    checks.refuse_cell_function(worker_loop, "a worker process can't import a function defined in a notebook cell",
-                                MODULE_FILE)
+    checks.refuse_cell_function(worker_loop, "a worker process started with {method} can't import a function "
+                                "defined in a notebook cell", MODULE_FILE, start_method)
     for case in _cases():
         _check_in_thread(worker_loop, checks, *case)
         checks.passed += 1
@@ -92,20 +93,48 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     checks.done()
 
 
+class BusyMainQueue(queue.Queue):
+    """An index queue whose main process is busy: while ``busy``, a ``get`` with a timeout (or none to wait) finds it
+    empty at once, as if the timeout had run out (``empties`` counts them); ``waiting``: a ``get`` that waits."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.busy, self.empties, self.waiting = False, 0, False
+
+    def get(self, block: bool = True, timeout: float | None = None) -> Any:
+        if self.busy and self.empty() and (not block or timeout is not None):
+            self.empties += 1
+            time.sleep(0.002)
+            raise queue.Empty
+        self.waiting = block and timeout is None
+        return super().get(block, timeout)
+
+    def wait_busy(self, seconds: float, thread: threading.Thread) -> None:
+        """Stay busy ``seconds``, and on until the loop waits in ``get()`` or has found it empty ``EMPTIES`` times:
+        a loop that gives up after some timeouts, however long each, gives up here."""
+        time.sleep(seconds)
+        deadline = time.monotonic() + STUCK_AFTER
+        while thread.is_alive() and not self.waiting and self.empties < EMPTIES and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.busy = False
+
+
 def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate_fn, tasks, pause: float) -> None:
     """Run ``worker_loop`` in a thread on ``tasks``, the sentinel and one task more (the first task alone for
     ``pause`` seconds); judge what it put, what it raised, and whether it stopped at the sentinel."""
     case = f"{description}, {f'tasks {list(tasks)}, then None' if tasks else 'only the sentinel None'}"
-    index_queue, result_queue, raised = queue.Queue(), queue.Queue(), []
+    index_queue, result_queue, raised = BusyMainQueue(), queue.Queue(), []
     items = [*tasks, None, (999, [0])]  # after the sentinel, a task: a loop that reads it has not stopped
     for item in items[:1 if pause else len(items)]:
         index_queue.put(item)
+    index_queue.busy = bool(pause)
     with checks.watching({"minidl.worker._worker_loop": (_worker_loop,), "torch's _worker_loop": (
             _torch().utils.data._utils.worker._worker_loop,)}, case, "your loop called {0}", DELEGATED):
         thread = threading.Thread(target=_guarded_worker, name="ch05_worker_loop", daemon=True,
                                   args=(worker_loop, 0, dataset, index_queue, result_queue, collate_fn, raised))
         thread.start()
-        time.sleep(pause)
+        if pause:
+            index_queue.wait_busy(pause, thread)
         for item in items[1:] if pause else []:
             index_queue.put(item)
         thread.join(timeout=STUCK_AFTER)
@@ -136,9 +165,10 @@ def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate
     checks.first(
         case, (k < n and still_running, f"after {k} of {n} answers your loop stopped answering (it was still running "
                f"{STUCK_AFTER:g} s later)", "read a task, answer it, read the next: one put per task, once it's done."),
-        (k < n and pause, f"{returned}, while the index queue stayed empty for {pause:g} s", "an empty queue is not "
-         "the end: a busy main process sends the next task late. Wait in index_queue.get() (after a timeout's "
-         "queue.Empty, wait again); only None ends the loop."),
+        (k < n and pause, f"{returned}, while the main process was busy for {pause:g} s (the index queue empty, "
+         "a get with a timeout finding nothing)", "an empty queue is not the end, however long it stays empty: a "
+         "busy main process sends the next task late. Wait in index_queue.get() (after a timeout's queue.Empty, "
+         "wait again); only None ends the loop."),
         (k < n, returned, "keep reading tasks until you read None; only the sentinel ends the loop."),
         (k == n + 1 and results[-1] is None and unread == 1, "your loop put None on result_queue after its answers",
          "put only answers on result_queue (the main process counts the tasks it sent); at the sentinel, just return."),
