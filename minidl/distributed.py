@@ -30,8 +30,7 @@ def _process_group() -> object:
         raise RuntimeError("Requires distributed package to be available")
     if not dist.is_initialized():
         raise ValueError(
-            "Default process group has not been initialized, please make sure to call "
-            "init_process_group, or pass num_replicas and rank."
+            "Default process group has not been initialized, please make sure to call init_process_group."
         )
     return dist
 
@@ -39,8 +38,8 @@ def _process_group() -> object:
 class DistributedSampler(Sampler[T_co]):
     """Yields the indices that belong to ``rank``. Call ``set_epoch`` each epoch to reshuffle.
 
-    Without a process group, leaving out ``num_replicas`` or ``rank`` raises torch's ``ValueError``,
-    whose message minidl ends with a hint: "..., or pass num_replicas and rank."
+    Without a process group, leaving out ``num_replicas`` or ``rank`` raises torch's ``ValueError``: pass
+    both to use it in a single process.
 
     With 10 items over 3 replicas, each rank gets 4. The order is padded with its own head, [0, 1].
 
@@ -102,11 +101,15 @@ class DistributedSampler(Sampler[T_co]):
                 indices += (indices * math.ceil(padding_size / len(indices)))[:padding_size]
         else:
             indices = indices[: self.total_size]
-        assert len(indices) == self.total_size
+        if len(indices) != self.total_size:  # a dataset that shrank since construction
+            raise AssertionError(f"Number of indices ({len(indices)}) does not match total_size ({self.total_size})")
 
         # Stride through the shared order. Rank r takes positions r, r + R, r + 2R, ...
         indices = indices[self.rank : self.total_size : self.num_replicas]
-        assert len(indices) == self.num_samples
+        if len(indices) != self.num_samples:
+            raise AssertionError(
+                f"Number of subsampled indices ({len(indices)}) does not match num_samples ({self.num_samples})"
+            )
         return iter(indices)
 
     def __len__(self) -> int:

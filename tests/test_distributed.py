@@ -105,12 +105,33 @@ def test_invalid_rank(num_replicas, rank):
 @pytest.mark.parametrize("kwargs", [{}, {"num_replicas": 2}, {"rank": 0}])
 def test_without_process_group_raises_like_torch(kwargs):
     assert not dist.is_initialized()
-    with pytest.raises(ValueError, match="num_replicas") as ours:
+    with pytest.raises(ValueError) as ours:
         DistributedSampler(range(4), **kwargs)
     with pytest.raises(ValueError, match="init_process_group") as theirs:
         tud.DistributedSampler(range(4), **kwargs)
-    # torch's message, then minidl's hint in place of its full stop.
-    assert str(ours.value) == str(theirs.value).removesuffix(".") + ", or pass num_replicas and rank."
+    assert str(ours.value) == str(theirs.value)
+
+
+def shrink_or_grow(items: list, change: int) -> None:
+    if change > 0:
+        items.extend(range(change))
+    else:
+        del items[change:]
+
+
+@needs_torch
+@pytest.mark.parametrize(("change", "drop_last"), [(5, False), (-3, True)], ids=["grew", "shrank"])
+def test_a_dataset_resized_after_construction_raises_like_torch(change, drop_last):
+    # The sampler sized its shards at construction; iterating a dataset of another size breaks that promise.
+    outcomes = []
+    for lib in (tud, minidl):
+        items = list(range(10))
+        sampler = lib.DistributedSampler(items, num_replicas=3, rank=2, shuffle=False, drop_last=drop_last)
+        shrink_or_grow(items, change)
+        with pytest.raises(AssertionError) as info:
+            list(sampler)
+        outcomes.append(str(info.value))
+    assert outcomes[0] == outcomes[1]
 
 
 @needs_torch
