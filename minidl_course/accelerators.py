@@ -1,7 +1,8 @@
 """What this machine has to copy batches to (CUDA, Apple's MPS, or the CPU alone), for notebooks 07 and 08.
 
 Both chapters run everywhere and say what ran from what torch finds, instead of assuming a machine. Nothing here
-allocates on a device: on MPS, torch 2.13 (and minidl) turn ``pin_memory=True`` off, so no cell pins there.
+allocates on a device. On MPS, torch 2.13 (and minidl) turn ``pin_memory=True`` off, and no cell of 07 calls torch's
+pinning functions there (``pinning_skipped_here``).
 """
 
 from __future__ import annotations
@@ -16,14 +17,19 @@ ACCELERATORS = ("cuda", "mps", "cpu")
 # what pin_memory=True does on each kind of machine, in torch 2.13 and minidl alike
 _PINNING = {
     "cuda": "this machine has CUDA: pin_memory=True copies every batch into page-locked memory, no warning",
-    "mps": "this machine has Apple's MPS: torch 2.13 does not pin there yet, so pin_memory=True warns once per "
-           "pass and yields ordinary batches",
-    "cpu": "this machine has no accelerator: pin_memory=True warns once per pass and yields ordinary batches",
+    "mps": "this machine has Apple's MPS: torch 2.13 does not pin there, so pin_memory=True warns as each pass "
+           "starts (Python shows it the first time) and yields ordinary batches",
+    "cpu": "this machine has no accelerator: pin_memory=True warns as each pass starts (Python shows it the first "
+           "time) and yields ordinary batches",
 }
+_PINNING_SKIPPED = ("Apple's MPS: not tried here. On a Mac, torch's pinning calls have raised or handed back a tensor "
+                    "on the MPS device instead of the CPU, depending on the version (pytorch#86060, #181374); "
+                    "the DataLoader turns pin_memory off there, and so does minidl.")
 _STREAMS = {
     "cuda": "this machine has CUDA: PrefetchLoader(device='cuda') copies on a side stream, as timm's does",
     "mps": "this machine has Apple's MPS, not CUDA: PrefetchLoader(device='cuda') falls back to the CPU, "
-           "no streams (the timelines below are drawn, not measured)",
+           "no streams (the timelines below are drawn, not measured); PrefetchLoader(device='mps') copies "
+           "to the GPU one batch ahead, on its one queue (section 7)",
     "cpu": "this machine has no accelerator: PrefetchLoader(device='cuda') falls back to the CPU, no streams "
            "(the timelines below are drawn, not measured)",
 }
@@ -42,6 +48,11 @@ def accelerator() -> str:
 def pinning_here() -> str:
     """One sentence for notebook 07: what ``pin_memory=True`` does on this machine."""
     return _PINNING[accelerator()]
+
+
+def pinning_skipped_here() -> str | None:
+    """Why 07 does not call torch's pinning functions here (Apple's MPS), or None where it does."""
+    return _PINNING_SKIPPED if accelerator() == "mps" else None
 
 
 def streams_here() -> str:
