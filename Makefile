@@ -103,7 +103,7 @@ nbval-spawn: setup
 	$(call START_METHOD,spawn) $(NBVAL)
 
 # JupyterLab in headless Chromium: every notebook opened, Run All in quick mode, error cells, missing plots and
-# console errors reported (scripts/browser_run.py). Debian's chromium is installed if missing.
+# console errors reported (scripts/browser_run.py), two notebooks at a time. Debian's chromium is installed if missing.
 CHROMIUM ?= /usr/bin/chromium
 
 browser: setup chromium
