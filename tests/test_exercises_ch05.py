@@ -342,6 +342,21 @@ def if_instead_of_while(arrivals):
             due += 1
 
 
+def peeks_at_the_next_arrival(arrivals):
+    held, due, pending = {}, 0, iter(arrivals)
+    for task_idx, batch in pending:
+        held[task_idx] = batch
+        upcoming = next(pending, None)  # a look at what comes next, before handing out what is due
+        while due in held:
+            yield held.pop(due)
+            due += 1
+        if upcoming is not None:
+            held[upcoming[0]] = upcoming[1]
+            while due in held:
+                yield held.pop(due)
+                due += 1
+
+
 def yields_pairs(arrivals):
     for batch in reorder(arrivals):
         yield int(batch.split()[1]), batch
@@ -359,6 +374,7 @@ def through_a_dataloader(arrivals):
     (in_arrival_order, r"arrival order \[1, 0, 2\].*output 0 should be 'batch 0', but it is 'batch 1'.*by task "
                        r"number, not in arrival order"),
     (if_instead_of_while, r"batch 1 was due after 2 arrivals, but you had read 3.*while loop"),
+    (peeks_at_the_next_arrival, r"batch 0 was due after 1 arrivals, but you had read 2.*a peek at the next one"),
     (yields_pairs, r"output 0 should be 'batch 0', but it is \(0, 'batch 0'\).*yield the batch alone"),
 ])
 def test_check_reorder_rejects_a_wrong_reorder_and_says_why(wrong, message):

@@ -158,3 +158,15 @@ def test_the_verdict_leaves_out_each_workers_first_batch_and_one_stall_and_names
                       hint=r"(?s)waited for data 40%.*with no workers it is still read while the step waits")
     rejects_with_hint(ch05.judge, run([0.5] + [0.02] * 23, workers=3, batched=True), _Checks(),
                       hint=r"(?s)too busy to keep up even so")
+
+
+def test_a_batch_sampler_reads_a_record_per_request_and_a_batch_sampler_as_sampler_a_batch():
+    """batch_sampler= hands the fetcher index lists it reads one record at a time; as sampler= (batch_size=None)
+    each list is one request. Both loaders say batch_size is None: the verdict must tell them apart."""
+    as_batch_sampler = ch05.wait_share(lambda r: minidl.DataLoader(r, batch_sampler=per_batch(r)))
+    assert not as_batch_sampler.batched and "a record per request" in str(as_batch_sampler)
+    as_sampler = ch05.wait_share(lambda r: torch.utils.data.DataLoader(r, sampler=per_batch(r), batch_size=None))
+    assert as_sampler.batched
+    rejects_with_hint(ch05.check_keep_up, lambda r: minidl.DataLoader(r, batch_sampler=per_batch(r)),
+                      hint=r"(?s)no workers the main process reads each batch \(16 requests.*read each batch in one "
+                           r"request")

@@ -60,7 +60,7 @@ class Run(NamedTuple):
     waits: list[float]
     steps: list[float]
     workers: int
-    batched: bool  # a whole batch per request (batch_size=None, or a dataset with __getitems__)
+    batched: bool  # a whole batch per request (a sampler of index lists, or a dataset with __getitems__)
 
     @property
     def skipped(self) -> int:
@@ -92,7 +92,8 @@ def run_epoch(loader: Any) -> tuple[Run, list[Any]]:
         start = time.perf_counter()
         steps.append(start - got)
     del iterator  # its workers end here, not at the next collection
-    batched = getattr(loader, "batch_size", 1) is None or hasattr(getattr(loader, "dataset", None), "__getitems__")
+    batched = hasattr(getattr(loader, "dataset", None), "__getitems__") or (  # a sampler= of index lists, fetched
+        getattr(loader, "batch_sampler", 1) is None and getattr(loader, "batch_size", 1) is None)  # in one request
     return Run(waits, steps, int(getattr(loader, "num_workers", 0) or 0), batched), batches
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from minidl.dataloader import DataLoader, _BaseDataLoaderIter
 from minidl_course import toy
-from minidl_course.exercises._common import _Checks, _short, _torch, call, yours
+from minidl_course.exercises._common import _Checks, _short, _torch, call, first_hint, yours
 
 DELEGATED = ("write the reorder buffer (what _MultiProcessingDataLoaderIter keeps in _task_info and _rcvd_idx) "
              "yourself: a dict of early batches and the index of the next one due; don't run {0}.")
@@ -34,9 +34,16 @@ class Arrivals:
         return self.order[self.taken - 1], f"batch {self.order[self.taken - 1]}"
 
 
-def due_after(order: list[int]) -> list[int]:
+def due_after(order: list[int], one_each: bool = False) -> list[int]:
     """For each task k, how many arrivals must have been read before batch k can go out: the running maximum of the
-    positions, e.g. ``[2, 0, 1, 3]`` gives ``[2, 3, 3, 4]``."""
+    positions, e.g. ``[2, 0, 1, 3]`` gives ``[2, 3, 3, 4]``; ``one_each``: when a loop handing out at most one batch
+    per arrival (an ``if``, not a ``while``) hands each out, as far as it gets (``[2, 3, 4]``)."""
+    if one_each:
+        held, out = set(), []
+        for p, task in enumerate(order):
+            held.add(task)
+            out += [p + 1] if len(out) in held else []
+        return out
     position = {task: p for p, task in enumerate(order)}
     return list(accumulate((position[k] + 1 for k in range(len(order))), max))
 
@@ -58,7 +65,7 @@ def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]])
                "torch's DataLoader": (_torch().utils.data.DataLoader.__iter__,)}
     for order in _orders():
         case = f"arrival order {order}" if order else "no arrivals at all"
-        arrivals, got, due = Arrivals(order), [], due_after(order)
+        arrivals, got, due, if_due = Arrivals(order), [], due_after(order), due_after(order, one_each=True)
         with checks.watching(library, case, "your reorder ran {0}", DELEGATED), yours("reorder", case):
             for k, batch in enumerate(reorder(arrivals)):
                 got.append(batch)
@@ -72,10 +79,13 @@ def check_reorder(reorder: Callable[[Iterable[tuple[int, Any]]], Iterable[Any]])
                      "hand batches out by task number, not in arrival order: hold early ones in a dict by task_idx."),
                     (batch != want, wrong + _short(batch), "hand out the lowest task number not out yet, from 0."),
                     (arrivals.taken > due[k], f"batch {k} was due after {due[k]} arrivals, but you had read "
-                     f"{arrivals.taken} when you handed it out",
-                     "you read every arrival before handing anything out: yield each batch as soon as it is due."
-                     if k == 0 and arrivals.taken == len(order) and due[k] < len(order) else
-                     WHILE))
+                     f"{arrivals.taken} when you handed it out", first_hint(
+                         "yield each batch as soon as the arrival that makes it due is read, before reading another.",
+                         (k == 0 and arrivals.taken == len(order), "you read every arrival before handing anything "
+                          "out: yield each batch as soon as it is due."),
+                         (if_due[k:k + 1] == [arrivals.taken], WHILE),
+                         (arrivals.taken == due[k] + 1, "you read one arrival more than you needed (a peek at the "
+                          "next one?): hand out what is due first, then read on."))))
         checks.first(
             case, (arrivals.passes > 1, f"you iterated the arrivals {arrivals.passes} times",
                    "answers from workers can be read only once: loop over the arrivals once."),
