@@ -49,6 +49,14 @@ def slowest_batch(loader):
     return max((r for r in loader.trace.rows() if r["event"] == "fetch"), key=_duration)["batch"]
 
 
+def first_of_the_slowest_fetch(loader):
+    for _ in loader:
+        pass
+    rows = loader.trace.rows()
+    batch = max((r for r in rows if r["event"] == "fetch"), key=_duration)["batch"]
+    return next(r["index"] for r in rows if r["event"] == "getitem" and r["batch"] == batch)
+
+
 def started_last(loader):
     for _ in loader:
         pass
@@ -97,6 +105,8 @@ def reads_the_trace_before_iterating(loader):  # max() of no rows: a ValueError 
     (reads_the_dataset, r"read the dataset's 'slow_index'.*find it there, by measuring"),
     (slowest_batch, r"said sample 4, but I timed each of the 24 samples myself: sample 17 took \d+ ms.*number of "
                     r"the batch"),
+    (first_of_the_slowest_fetch, r"said sample 16, but I timed.*sample 17.*opens the batch that held the slow "
+                                 r"sample: a fetch \(or wait\) row times the whole batch"),
     (started_last, r"said sample 23.*started last, it wasn't the slowest"),
     (assumes_sequential, r"shuffle=True.*this loader shuffles: a sample's place in the epoch is not its index"),
     (diagnoses_before_iterating, r"the trace is empty.*iterate over the loader"),

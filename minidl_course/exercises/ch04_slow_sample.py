@@ -115,6 +115,9 @@ def _wrong_answer_hint(loader: DataLoader, answer, slowest: int, batch_size: int
         "sample; row['index'] is its index.",
         (slow is not None and answer == slow["batch"], f"{answer} is the number of the batch that held the slow "
          "sample; its own index is row['index']."),
+        (slow is not None and answer == next(r["index"] for r in rows if r["batch"] == slow["batch"]),
+         f"sample {answer} opens the batch that held the slow sample: a fetch (or wait) row times the whole batch; "
+         "the getitem rows time each sample: take the one with the longest end - start."),
         (rows and answer == max(rows, key=lambda r: r["start"]).get("index"),  # the last can be the fastest
          f"{fastest_hint} Or: {started_last}" if fastest else started_last),
         (shuffle and slow is not None
