@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from minidl.worker import get_worker_info
+
 CollateFnMap = dict[type | tuple[type, ...], Callable[..., Any]]
 
 # NumPy dtypes torch cannot hold: bytes ("S", "a"), unicode ("U") and object ("O") arrays.
@@ -46,7 +48,9 @@ class TorchTensor(metaclass=_TorchTensorMeta):
 def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
     """Collate ``batch`` by the type of its first sample, with a registered leaf function or by recursing.
 
-    Leaf functions are looked up by exact type first, then by ``isinstance`` in insertion order.
+    Leaf functions are looked up by exact type first, then by ``isinstance`` in insertion order, as torch does.
+    An entry for ``torch.Tensor`` itself (torch's documented override, ``default_collate_fn_map.update({torch.Tensor:
+    fn})``) takes the place of ``TorchTensor``'s, so ``fn`` collates tensor subclasses too, as in torch.
     minidl adds one thing: an error inside a sample gains a note saying where, ``while collating sample['x'][0]``.
     """
     elem = batch[0]
@@ -57,7 +61,7 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
             return collate_fn_map[elem_type](batch, collate_fn_map=collate_fn_map)
         for collate_type in collate_fn_map:
             if isinstance(elem, collate_type):
-                return collate_fn_map[collate_type](batch, collate_fn_map=collate_fn_map)
+                return _registered_fn(collate_fn_map, collate_type)(batch, collate_fn_map=collate_fn_map)
 
     if isinstance(elem, Mapping):
         values = {key: _collate_field([d[key] for d in batch], f"[{key!r}]", collate_fn_map) for key in elem}
@@ -76,6 +80,14 @@ def collate(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None)
         return _rebuild_sequence(elem, items)
 
     raise TypeError(default_collate_err_msg_format.format(elem_type))
+
+
+def _registered_fn(collate_fn_map: CollateFnMap, collate_type: type | tuple[type, ...]) -> Callable[..., Any]:
+    """The function registered for ``collate_type``. ``TorchTensor`` stands where torch keys ``torch.Tensor``."""
+    if collate_type is TorchTensor:
+        tensor = sys.modules["torch"].Tensor  # loaded: the sample is a tensor
+        return collate_fn_map.get(tensor, collate_fn_map[TorchTensor])
+    return collate_fn_map[collate_type]
 
 
 def _collate_field(samples: Sequence[Any], where: str, collate_fn_map: CollateFnMap | None) -> Any:
@@ -125,8 +137,6 @@ def _rebuild_sequence(elem: Sequence, items: list) -> Sequence:
 
 def collate_tensor_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None = None) -> Any:
     """Stack tensors along a new first dimension; in a process worker, straight into shared memory."""
-    from minidl.worker import get_worker_info  # here, not at the top: no import cycle with worker.py
-
     torch = _torch()
     elem = batch[0]
     sparse = (torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc)
@@ -180,7 +190,7 @@ def collate_str_fn(batch: Sequence[Any], *, collate_fn_map: CollateFnMap | None 
 # The default registry, in torch's order. torch keys the first entry by torch.Tensor.
 # We key it by TorchTensor, which matches the same objects without importing torch.
 # So the registry, with its numpy, number and str entries, works without torch.
-# A copy with `m[torch.Tensor] = fn` still wins for plain tensors: the exact-type lookup finds it first.
+# An entry for torch.Tensor added later, `m[torch.Tensor] = fn`, takes TorchTensor's place (see collate).
 default_collate_fn_map: CollateFnMap = {
     TorchTensor: collate_tensor_fn,
     np.ndarray: collate_numpy_array_fn,  # and np.memmap, its subclass

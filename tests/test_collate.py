@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import minidl.collate
 import minidl.worker
 from minidl.collate import (
     TorchTensor,
@@ -196,6 +197,57 @@ def test_registry_found_by_isinstance_and_overridable_by_exact_type():
         return collate([torch.ones(2), torch.ones(2)], collate_fn_map={**registry, torch.Tensor: as_sum})
 
     assert_same_batch(both(default_collate_fn_map), both(torch_collate.default_collate_fn_map))
+
+
+class TaggedTensor(torch.Tensor):
+    """A tensor subclass, as a library that tags its tensors would define one."""
+
+
+def tagged_tensor(*values) -> TaggedTensor:
+    return torch.tensor(values).as_subclass(TaggedTensor)
+
+
+def count_tensors(batch, *, collate_fn_map=None):
+    """A tensor override that says it ran: how many tensors it got and of which types."""
+    return ("override", len(batch), sorted({type(t).__name__ for t in batch}))
+
+
+TENSOR_BATCHES = {
+    "plain tensors": lambda: [torch.ones(2), torch.zeros(2)],
+    "a tensor subclass": lambda: [tagged_tensor(1.0, 2.0), tagged_tensor(3.0, 4.0)],
+    "parameters": lambda: [torch.nn.Parameter(torch.ones(2)), torch.nn.Parameter(torch.zeros(2))],
+    "subclass inside a dict": lambda: [{"x": tagged_tensor(1.0), "n": 1}, {"x": tagged_tensor(2.0), "n": 2}],
+}
+
+
+@pytest.mark.parametrize("kind", TENSOR_BATCHES)
+def test_the_documented_tensor_override_collates_tensor_subclasses_too_like_torch(kind, monkeypatch):
+    # torch's docs: extend default_collate in place with default_collate_fn_map.update({torch.Tensor: fn}).
+    monkeypatch.setattr(torch_collate, "default_collate_fn_map", dict(torch_collate.default_collate_fn_map))
+    monkeypatch.setattr(minidl.collate, "default_collate_fn_map", dict(default_collate_fn_map))
+    torch_collate.default_collate_fn_map.update({torch.Tensor: count_tensors})
+    minidl.collate.default_collate_fn_map.update({torch.Tensor: count_tensors})
+    theirs = torch_collate.default_collate(TENSOR_BATCHES[kind]())
+    ours = minidl.collate.default_collate(TENSOR_BATCHES[kind]())
+    assert_same_batch(ours, theirs)
+    assert "override" in str(ours)
+
+
+@pytest.mark.parametrize("kind", TENSOR_BATCHES)
+def test_a_tensor_override_in_a_copied_registry_is_found_like_torchs(kind):
+    ours = collate(TENSOR_BATCHES[kind](), collate_fn_map={**default_collate_fn_map, torch.Tensor: count_tensors})
+    registry = {**torch_collate.default_collate_fn_map, torch.Tensor: count_tensors}
+    assert_same_batch(ours, torch_collate.collate(TENSOR_BATCHES[kind](), collate_fn_map=registry))
+
+
+def test_a_subclass_entry_wins_over_the_tensor_override_for_that_subclass_like_torch():
+    def subclass_only(batch, *, collate_fn_map=None):
+        return "subclass entry"
+
+    extra = {torch.Tensor: count_tensors, TaggedTensor: subclass_only}
+    for batch in ([tagged_tensor(1.0), tagged_tensor(2.0)], [torch.nn.Parameter(torch.ones(1))] * 2):
+        ours = collate(batch, collate_fn_map={**default_collate_fn_map, **extra})
+        assert ours == torch_collate.collate(batch, collate_fn_map={**torch_collate.default_collate_fn_map, **extra})
 
 
 def test_collate_without_a_registry_recurses_then_rejects_leaves():
