@@ -29,7 +29,7 @@ _STREAMS = {
     "cuda": "this machine has CUDA: PrefetchLoader(device='cuda') copies on a side stream, as timm's does",
     "mps": "this machine has Apple's MPS, not CUDA: PrefetchLoader(device='cuda') falls back to the CPU, "
            "no streams (the timelines below are drawn, not measured); PrefetchLoader(device='mps') copies "
-           "to the GPU one batch ahead, on its one queue (section 7)",
+           "to the GPU one batch ahead, on its one queue (section 8)",
     "cpu": "this machine has no accelerator: PrefetchLoader(device='cuda') falls back to the CPU, no streams "
            "(the timelines below are drawn, not measured)",
 }
