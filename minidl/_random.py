@@ -86,14 +86,27 @@ def multinomial(weights, num_samples: int, replacement: bool, generator: Generat
 
 
 def _check_distribution(p: np.ndarray, num_samples: int, replacement: bool) -> None:
-    # The checks torch.multinomial makes, with its exception type and messages.
+    """The checks ``torch.multinomial`` makes on CPU, in its order, with its exception type and messages (torch 2.13).
+
+    Without replacement, or for a single draw, torch checks the whole vector at once. With replacement, its
+    kernel checks entry by entry, so there a NaN reads as an entry below zero.
+    """
     if not replacement and num_samples > p.size:
         raise RuntimeError("cannot sample n_sample > prob_dist.size(-1) samples without replacement")
-    if not np.isfinite(p).all():
-        raise RuntimeError(
-            "invalid multinomial distribution (encountering probability entry = infinity or NaN)"
-        )
-    if (p < 0).any():
-        raise RuntimeError("invalid multinomial distribution (encountering probability entry < 0)")
-    if p.sum() <= 0:
+    if p.size > 2**24:
+        raise RuntimeError("number of categories cannot exceed 2^24")
+    if not replacement or num_samples == 1:
+        if p.size == 0:
+            raise RuntimeError("aminmax(): cannot compute aminmax over an empty dimension as the operation has no "
+                               "identity.")
+        if not (p.max() < np.inf and p.min() >= 0):  # a NaN fails both comparisons
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        if p.sum() == 0:
+            raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")
+        return
+    for value in p[~((p >= 0) & np.isfinite(p))][:1]:  # the first bad entry, if any
+        if not value >= 0:
+            raise RuntimeError("invalid multinomial distribution (encountering probability entry < 0)")
+        raise RuntimeError("invalid multinomial distribution (encountering probability entry = infinity or NaN)")
+    if not p.sum() > 0:
         raise RuntimeError("invalid multinomial distribution (sum of probabilities <= 0)")

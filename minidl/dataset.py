@@ -94,9 +94,9 @@ class StackDataset(Dataset[T_stack]):
 
     def __init__(self, *args: Dataset[T_co], **kwargs: Dataset[T_co]) -> None:
         if args and kwargs:
-            raise ValueError(
-                "Supported either ``tuple``- (via ``args``) or ``dict``- (via ``kwargs``) like "
-                "input/output, but both types are given."
+            raise ValueError(  # torch 2.13's words, missing space included
+                "Supported either ``tuple``- (via ``args``) or"
+                "``dict``- (via ``kwargs``) like input/output, but both types are given."
             )
         if not args and not kwargs:
             raise ValueError("At least one dataset should be passed")

@@ -13,6 +13,7 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from minidl import _random
 from minidl._random import Generator, draw_seed, make_generator, multinomial, randint, randperm
 
 __all__ = ["BatchSampler", "RandomSampler", "Sampler", "SequentialSampler", "SubsetRandomSampler",
@@ -128,10 +129,11 @@ class SubsetRandomSampler(Sampler[int]):
 class WeightedRandomSampler(Sampler[int]):
     """Yields ``num_samples`` indices of ``weights``, each drawn with probability proportional to its weight.
 
-    Unlike torch, bad ``weights`` (negative, infinite, NaN, or summing to 0) and a ``num_samples``
-    larger than ``len(weights)`` without replacement raise at construction, naming the argument.
-    torch raises the same ``RuntimeError`` type only when the sampler is first iterated. ``weights``
-    is kept as a float64 NumPy array, where torch keeps a float64 tensor.
+    ``weights`` are taken and checked as torch takes and checks them. With torch installed, they are converted by
+    torch's own ``torch.as_tensor(weights, dtype=torch.double)`` and kept as that float64 tensor. Their values
+    (negative, infinite, NaN, summing to 0, too few without replacement) are refused when the first draw is made,
+    with ``torch.multinomial``'s errors. Without torch, NumPy converts them into a float64 array, and refuses text and
+    objects with a ``TypeError``.
 
     >>> sorted(WeightedRandomSampler([0.0, 2.0, 0.0, 1.0], 2, replacement=False))
     [1, 3]
@@ -150,26 +152,10 @@ class WeightedRandomSampler(Sampler[int]):
             )
         if not isinstance(replacement, bool):
             raise ValueError(f"replacement should be a boolean value, but got replacement={replacement}")
-        try:
-            weights_array = np.asarray(weights, dtype=np.float64)
-        except ValueError as e:  # torch raises ValueError too, for ragged lists and strings
-            raise ValueError(f"weights should be a 1d sequence of numbers: {e}") from e
+        weights_array = _as_float64(weights)
         if weights_array.ndim != 1:
             raise ValueError(
-                f"weights should be a 1d sequence but given weights have shape {weights_array.shape}"
-            )
-        # torch only finds bad weights when torch.multinomial runs, at iteration (see the docstring).
-        bad = np.flatnonzero(~np.isfinite(weights_array) | (weights_array < 0))
-        if bad.size:
-            i = int(bad[0])
-            raise RuntimeError(
-                f"weights should be finite and non-negative, but got weights[{i}]={weights_array[i]}"
-            )
-        if weights_array.sum() <= 0:
-            raise RuntimeError(f"weights should have a positive sum, but got {weights_array.sum()}")
-        if not replacement and num_samples > weights_array.size:
-            raise RuntimeError(
-                f"cannot draw num_samples={num_samples} without replacement from {weights_array.size} weights"
+                f"weights should be a 1d sequence but given weights have shape {tuple(weights_array.shape)}"
             )
         self.weights = weights_array
         self.num_samples = num_samples
@@ -181,6 +167,19 @@ class WeightedRandomSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return self.num_samples
+
+
+def _as_float64(weights):
+    """``weights`` as a float64 tensor, as torch converts them; without torch, as a float64 NumPy array."""
+    if _random.HAS_TORCH:
+        torch = _random._torch()
+        return torch.as_tensor(weights, dtype=torch.double)
+    if isinstance(weights, str | bytes):  # torch's words for these
+        raise TypeError(f"new(): invalid data type '{type(weights).__name__}'")
+    array = np.asarray(weights)  # a ragged list raises a ValueError, as in torch
+    if array.dtype.kind not in "biuf":
+        raise TypeError(f"weights should be real numbers, but got an array of dtype {array.dtype}")
+    return array.astype(np.float64)
 
 
 class BatchSampler(Sampler[Batch]):

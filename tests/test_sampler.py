@@ -8,6 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minidl._random
+import minidl.sampler
 from minidl.sampler import (
     BatchSampler,
     RandomSampler,
@@ -220,15 +221,6 @@ BAD = [
     (lambda m: m.WeightedRandomSampler([1.0, 2.0], 1, replacement=1), ValueError, "replacement"),
     (lambda m: m.WeightedRandomSampler([[1.0, 2.0], [3.0, 4.0]], 1), ValueError, "weights"),
     (lambda m: m.WeightedRandomSampler(3.0, 1), ValueError, "weights"),
-    (lambda m: m.WeightedRandomSampler([[1.0, 2.0], [3.0]], 1), ValueError, "weights"),
-    (lambda m: m.WeightedRandomSampler(["a", "b"], 1), ValueError, "weights"),
-    # torch raises these RuntimeErrors only when iterating; minidl raises them at construction.
-    (lambda m: m.WeightedRandomSampler([1.0, -1.0, 2.0], 2), RuntimeError, "weights"),
-    (lambda m: m.WeightedRandomSampler([1.0, float("nan")], 2), RuntimeError, "weights"),
-    (lambda m: m.WeightedRandomSampler([float("inf"), 1.0], 2), RuntimeError, "weights"),
-    (lambda m: m.WeightedRandomSampler([0.0, 0.0], 2), RuntimeError, "weights"),
-    (lambda m: m.WeightedRandomSampler([], 2), RuntimeError, "weights"),
-    (lambda m: m.WeightedRandomSampler([1.0, 2.0], 3, replacement=False), RuntimeError, "num_samples"),
 ]
 
 
@@ -240,6 +232,93 @@ def test_bad_input_raises_like_torch(make, error, name):
         with pytest.raises(error):
             list(make(tud))  # torch may raise at construction or only when iterating
 
+
+
+# --- weights: accepted and refused as torch accepts and refuses them ------------------------------
+
+
+def weighted_outcome(lib, weights, num_samples, replacement, generator):
+    """What a WeightedRandomSampler of ``lib`` does: its draws, or where it raised, what and in which words."""
+    try:
+        sampler = lib.WeightedRandomSampler(weights, num_samples, replacement, generator)
+    except Exception as e:  # noqa: BLE001 - any exception is an outcome to compare
+        return "at construction", type(e), str(e)
+    try:
+        return "drew", list(sampler)
+    except Exception as e:  # noqa: BLE001
+        return "at the first draw", type(e), str(e)
+
+
+WEIGHT_CASES = {  # each builds fresh weights
+    "a negative weight": lambda: [1.0, -1.0, 2.0],
+    "NaN": lambda: [1.0, float("nan")],
+    "infinity": lambda: [float("inf"), 1.0],
+    "all zero": lambda: [0.0, 0.0],
+    "empty": lambda: [],
+    "ragged": lambda: [[1.0], [1.0, 2.0]],
+    "text": lambda: ["a", "b"],
+    "numbers as text": lambda: ["1.0", "2.0"],
+    "None inside": lambda: [1.0, None],
+    "a string": lambda: "ab",
+    "an object array": lambda: np.array([1.0, 2.0], dtype=object),
+    "a tensor that requires grad": lambda: torch.tensor([1.0, 3.0], requires_grad=True),
+    "ints and bools": lambda: [1, True, 0],
+}
+
+
+@needs_torch
+@pytest.mark.parametrize("case", WEIGHT_CASES)
+@pytest.mark.parametrize(("num_samples", "replacement"), [(1, True), (2, True), (2, False), (3, False)])
+def test_weights_are_accepted_or_refused_like_torch(case, num_samples, replacement):
+    weights = WEIGHT_CASES[case]
+    ours = weighted_outcome(minidl.sampler, weights(), num_samples, replacement, tgen(0))
+    assert ours == weighted_outcome(tud, weights(), num_samples, replacement, tgen(0))
+
+
+NUMBERS = st.one_of(st.floats(width=64), st.integers(-3, 3), st.booleans())
+ANYTHING = st.one_of(NUMBERS, st.none(), st.text(max_size=2), st.binary(max_size=2),
+                     st.complex_numbers(max_magnitude=2))
+WEIGHTS = st.one_of(
+    st.lists(NUMBERS, max_size=6),  # what people pass, bad values included
+    st.lists(ANYTHING, max_size=4),  # and anything at all inside a list
+    st.lists(st.lists(NUMBERS, max_size=3), max_size=3),  # 2-d, and ragged
+    ANYTHING,  # a lone value
+    st.lists(st.floats(width=64), max_size=6).map(np.array),
+    st.lists(st.floats(width=32), max_size=6).map(lambda w: torch.tensor(w, dtype=torch.float32) if torch else w),
+)
+
+
+@needs_torch
+@settings(max_examples=300, deadline=None)
+@given(weights=WEIGHTS, num_samples=st.integers(1, 8), replacement=st.booleans(), seed=st.integers(0, 2**32))
+def test_any_weights_are_accepted_or_refused_like_torch(weights, num_samples, replacement, seed):
+    ours = weighted_outcome(minidl.sampler, weights, num_samples, replacement, tgen(seed))
+    assert ours == weighted_outcome(tud, weights, num_samples, replacement, tgen(seed))
+
+
+@needs_torch
+@settings(max_examples=300, deadline=None)
+@given(weights=st.lists(st.one_of(st.floats(-1e300, 1e300), st.sampled_from([float("nan"), float("inf")])),
+                        max_size=6),
+       num_samples=st.integers(1, 8), replacement=st.booleans())
+def test_a_numpy_generator_refuses_the_weights_torch_refuses_in_its_words(weights, num_samples, replacement):
+    # With a NumPy generator minidl draws with NumPy, so the checks torch.multinomial makes are minidl's own.
+    ours = weighted_outcome(minidl.sampler, weights, num_samples, replacement, np.random.default_rng(0))
+    theirs = weighted_outcome(tud, weights, num_samples, replacement, tgen(0))
+    assert ours[0] == theirs[0]
+    assert ours[1:] == theirs[1:] or ours[0] == "drew"
+
+
+def test_without_torch_weights_that_are_not_numbers_are_refused(monkeypatch):
+    monkeypatch.setattr(minidl._random, "HAS_TORCH", False)
+    for weights in (["a", "b"], [1.0, None], "ab", np.array(["1.0"])):
+        with pytest.raises(TypeError):
+            WeightedRandomSampler(weights, 1)
+    with pytest.raises(ValueError):
+        WeightedRandomSampler([[1.0], [1.0, 2.0]], 1)
+    assert isinstance(WeightedRandomSampler([1, True, 0.5], 1).weights, np.ndarray)
+    with pytest.raises(RuntimeError, match="element < 0"):
+        list(WeightedRandomSampler([1.0, -1.0], 1))
 
 # --- the NumPy path ------------------------------------------------------------------------------
 
