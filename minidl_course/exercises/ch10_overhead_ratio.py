@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -14,17 +15,19 @@ from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, _torch, call, first_hint
 
 BATCHES = 3000
-ROUNDS = 7
-RATIO_FACTOR = 1.5  # a reported ratio within this factor of the median of the checker's rounds is accepted
+RATIO_FACTOR = 1.1  # your ratio within this factor of the median of your notebook's latest rounds (3 or more)
 CLOCK_FACTOR = 1.25  # each figure of your per_batch_seconds must be within this factor of the checker's clock
 CLOCK_HINT = ("stamp time.perf_counter() as each batch arrives, from the first to the last, and divide by the batches "
               "after the first: the checker stamps the same batches, and a number typed in or reused won't match.")
+EPOCHS: deque[tuple[str, float]] = deque(maxlen=4096)  # (loader, seconds per batch) of each epoch of make_loaders()'
 
 
 def make_loaders(batches: int = BATCHES) -> dict[str, Any]:
-    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)``, batch_size=1: all an epoch does is load."""
+    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)``, batch_size=1 (all an epoch does is load),
+    each epoch's batches stamped on the checker's clock, its seconds per batch noted in ``EPOCHS``."""
     dataset = toy.RangeDataset(batches)
-    return {"minidl": DataLoader(dataset, batch_size=1), "torch": _torch().utils.data.DataLoader(dataset, batch_size=1)}
+    return {"minidl": Clocked(DataLoader(dataset, batch_size=1), "minidl"),
+            "torch": Clocked(_torch().utils.data.DataLoader(dataset, batch_size=1), "torch")}
 
 
 class PacedLoader:
@@ -44,16 +47,19 @@ class PacedLoader:
 
 
 class Clocked:
-    """``loader`` as your ``per_batch_seconds`` gets it: each batch's arrival stamped on the checker's clock."""
+    """``loader`` with each batch's arrival stamped on the checker's clock; with a ``name``, an epoch run to its end is
+    noted in ``EPOCHS``."""
 
-    def __init__(self, loader: Iterable) -> None:
-        self.loader, self.arrivals = loader, []
+    def __init__(self, loader: Iterable, name: str = "") -> None:
+        self.loader, self.name, self.arrivals = loader, name, []
 
     def __iter__(self) -> Iterator[Any]:
-        self.arrivals = []
+        self.arrivals = a = []
         for batch in self.loader:
-            self.arrivals.append(time.perf_counter())
+            a.append(time.perf_counter())
             yield batch
+        if self.name and len(a) > 1:
+            EPOCHS.append((self.name, (a[-1] - a[0]) / (len(a) - 1)))
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -66,40 +72,30 @@ def timed(per_batch_seconds: Callable[[Iterable], Any], loader: Iterable, name: 
     return got, (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else 0.0
 
 
-def _off(name: str, got: float, ours: float) -> str:
-    return (f"for the {name} loader your per_batch_seconds returned {got * 1e6:.2f} µs, but that epoch's batches "
-            f"arrived {ours * 1e6:.2f} µs apart on the checker's clock" if ours else
-            f"your per_batch_seconds returned {got!r} without running an epoch of the {name} loader")
-
-
-def measure(per_batch_seconds: Callable[[Iterable], Any], rounds: int = ROUNDS,
-            loaders: dict[str, Iterable] | None = None) -> harness.Rounds:
-    """Your ``per_batch_seconds`` on minidl's and torch's loader (``make_loaders()`` by default), a warm-up each,
-    then in rotating rounds, each figure held to the checker's clock."""
-    loaders = loaders or make_loaders()
-    def run(name: str) -> tuple[float, float]:
-        got, ours = timed(per_batch_seconds, loaders[name], name)
-        if not harness.positive_numbers([got]):
-            raise AssertionError(f"your per_batch_seconds returned {got!r} for the {name} loader: it should "
-                                 "return seconds per batch, a positive number, as it did for PacedLoader")
-        return float(got), ours
-    return harness.held_rounds(("minidl", "torch"), rounds, run, _off, CLOCK_FACTOR, 1e-6, warmup=True)
+def logged(epochs: Iterable[tuple[str, float]] = EPOCHS) -> harness.Rounds:
+    """The rounds your notebook ran on ``make_loaders()``' loaders: an epoch of each, one right after the other."""
+    epochs, rounds, k = list(epochs), harness.Rounds({"minidl": [], "torch": []}), 0
+    while k + 1 < len(epochs):
+        (a, x), (b, y) = epochs[k], epochs[k + 1]
+        if paired := a != b:
+            rounds[a].append(x)
+            rounds[b].append(y)
+        k += 2 if paired else 1
+    return rounds
 
 
 def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
-                   measure: Callable[[Callable], harness.Rounds] = measure) -> harness.Rounds:
-    """Check ch10: ``per_batch_seconds`` times a loader right, and ``ratio`` agrees with what it measures here
-    (measured twice if the first disagrees). Prints what it measured; raises AssertionError at the first problem."""
+                   measure: Callable[[], harness.Rounds] = logged) -> harness.Rounds:
+    """Check ch10: ``per_batch_seconds`` times two paced loaders right, and ``ratio`` is the median of the rounds your
+    notebook ran on ``make_loaders()``, as the checker stamped them. Raises AssertionError at the first problem."""
     def report(m: harness.Rounds) -> str:
         r = m.ratios("minidl", "torch")
-        return (f"Measured with your per_batch_seconds: minidl {statistics.median(m['minidl']) * 1e6:.1f} µs per "
-                f"batch, torch {statistics.median(m['torch']) * 1e6:.1f} µs; ratio minidl / torch "
-                f"{statistics.median(r):.2f} (median of {len(r)} rounds, which ranged {min(r):.2f} to {max(r):.2f})")
-    return harness.measure_then_judge(
-        [per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
-        lambda: harness.unless_close(lambda: measure(per_batch_seconds), ratio,
-                                     lambda m: harness.median_ratio(m, "minidl", "torch"), RATIO_FACTOR),
-        report, lambda measured, checks: judge(ratio, measured, checks))
+        return (f"Your notebook's rounds, on the checker's clock: minidl {statistics.median(m['minidl']) * 1e6:.1f} µs "
+                f"per batch, torch {statistics.median(m['torch']) * 1e6:.1f} µs; ratio minidl / torch per round: "
+                + ", ".join(f"{x:.2f}" for x in r[-12:]) + f" (median {statistics.median(r):.2f})" if r else
+                "Your notebook ran no epoch of make_loaders()' minidl loader and its torch loader one after the other")
+    return harness.measure_then_judge([per_batch_seconds], lambda checks: check_timer(per_batch_seconds, checks),
+                                      measure, report, lambda measured, checks: judge(ratio, measured, checks))
 
 
 def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks) -> None:
@@ -115,25 +111,32 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
                 "stamp each arrival; divide by the batches after the first" + ("." if high else ": n - 1 for n."),
                 (high and abs(number * every - 1) < 0.4, "that is batches per second: return seconds per batch."),
                 (high and abs(number / 1000 / every - 1) < 0.4, harness.MILLISECONDS),
+                (high and start and harness.close(number, start, 1.3), "you timed iter() and the first next(): "
+                 "the wait for the first batch alone. Time every batch, from the first arrival to the last."),
                 (high and start and number * batches >= (start + batches * every) * 0.8, "you included the wait for "
                  "the first batch (worker start): start the clock when the first batch arrives."),
                 (not high and number < every * 0.1, "time the whole loop over the loader, not one next() or iter()."),
                 (not high and 0.9 < number * batches / (batches - 1) / every < 1.3, "you divided by n, not n - 1.")))
         if harness.off_the_clock([number], [ours], CLOCK_FACTOR, 1e-6) is not None:
-            checks.fail(case, _off("paced", number, ours), CLOCK_HINT)
+            checks.fail(case, f"your per_batch_seconds returned {number!r}, but the batches arrived {ours!r} s "
+                        "apart on the checker's clock" if ours else f"your per_batch_seconds returned {number!r} "
+                        "without running an epoch of the paced loader", CLOCK_HINT)
         checks.passed += 1
 
 
 def judge(ratio: Any, measured: harness.Rounds, checks: _Checks | None = None) -> None:
-    """Your timing held to the checker's clock (``measured.problem``); ``ratio`` your code's number, within
-    ``RATIO_FACTOR`` of the median of the rounds."""
-    checks, median = checks or _Checks(), harness.median_ratio(measured, "minidl", "torch")
-    if measured.problem:
-        checks.fail("your per_batch_seconds on both loaders, against the checker's clock", measured.problem, CLOCK_HINT)
+    """``ratio`` your code's number, within ``RATIO_FACTOR`` of the median of your notebook's latest 3 or more rounds,
+    as the checker stamped them."""
+    checks, r = checks or _Checks(), measured.ratios("minidl", "torch")
+    if not r:
+        checks.fail("your rounds", "no epoch of make_loaders()' loaders ran to its end in your notebook", "time "
+                    "rounds of both loaders make_loaders() gave you, per_batch_seconds on each, then set ratio.")
+    medians = [statistics.median(r[-k:]) for k in range(min(3, len(r)), len(r) + 1)]
     harness.judge_figure(
-        checks, f"your ratio, {ratio!r}, against what your per_batch_seconds measured just now", "ratio", ratio,
-        [median], RATIO_FACTOR, "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.",
-        f"your rounds here gave a median of {median:.2f} (measured twice if the first disagreed): {ratio} is more than "
-        f"{RATIO_FACTOR}x away", "set ratio from your own rounds here, not a figure from the README or another "
-        "machine; if the load changed since, run your cell and this one again.", "you divided the other way round: "
-        "minidl's per-batch time / torch's.", {1.0: "1.0 says the two cost the same: report your ratio, not a guess."})
+        checks, f"your ratio, {ratio!r}, against your rounds", "ratio", ratio, medians, RATIO_FACTOR,
+        "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.", "your rounds, as the "
+        "checker stamped them, gave " + ", ".join(f"{x:.2f}" for x in r[-8:]) + f": {ratio} is more than "
+        f"{RATIO_FACTOR}x from the median of the latest 3 or more", "set ratio from your own rounds, not a figure "
+        "from the README or another machine; if you ran rounds since, run your ratio cell again.", "you divided the "
+        "other way round: minidl's per-batch time / torch's.",
+        {1.0: "1.0 says the two cost the same: report your ratio, not a guess."})
