@@ -1,4 +1,4 @@
-"""The exercise checkers, ch07 (what pinning a fresh buffer costs): each passes a learner's copy of the reference
+"""The exercise checkers, ch07 (what a new locked buffer per batch costs): each passes a learner's copy of the reference
 answer and rejects typical wrong answers with the hint that names the mistake.
 """
 
@@ -17,7 +17,7 @@ from minidl_course.pinning_demo import FakePinnable
 pin_copy = learner_copy("ch07_pinning_cost").pin_copy
 
 
-# --- ch07: what page-locking a fresh buffer costs -------------------------------------------------
+# --- ch07: what a new locked buffer per batch costs -------------------------------------------------
 
 
 def ch07_measured(ratio):
@@ -44,14 +44,14 @@ def test_ch07_cheat_delegating_to_fake_pinnable_is_rejected():
     def cheat(batch, lock_pages):
         return FakePinnable(batch).pin_memory().value
 
-    rejects_with_hint(ch07.check_copies, cheat, ch07._Checks(), hint="Copying alone")
+    rejects_with_hint(ch07.check_copies, cheat, ch07._Checks(), hint="leaves out the locking")
 
 
 _module_buffer = {}
 
 
 @pytest.mark.parametrize("wrong, hint", [
-    (lambda batch, lock: batch, "pinning copies"),
+    (lambda batch, lock: batch, "holding a copy of the batch"),
     (lambda batch, lock: batch.astype(np.int16), "np.empty_like"),
     (lambda batch, lock: _lock_the_batch(batch, lock), "not the batch"),
     (lambda batch, lock: _reuse(batch, lock), "allocate it inside pin_copy"),

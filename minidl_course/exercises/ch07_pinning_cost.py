@@ -1,5 +1,5 @@
-"""Checker for ch07: what page-locking (``mlock``) a fresh buffer per batch costs, without a GPU: ``pin_copy`` timed
-against a copy into a reused buffer, and the learner's ``ratio`` and ``reuse_pays`` held to that."""
+"""Checker for ch07: the OS's share of pinning new memory per batch (a new buffer, locked with ``mlock``), without a
+GPU: ``pin_copy`` timed against a copy into a reused buffer; the learner's ``ratio``, ``reuse_pays`` held to it."""
 
 from __future__ import annotations
 
@@ -95,12 +95,12 @@ def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
                       "batch's shape and dtype; np.copyto(out, batch) fills it."))
         again = next((k + 1 for k, old in enumerate(returned) if np.shares_memory(out, old)), 0)
         checks.first(case, (np.shares_memory(out, batch), "the returned array is the batch itself (or a view of it), "
-                            "not a copy", "pinning copies: the page-locked buffer is new memory."),
+                            "not a copy", "the locked buffer is new memory, holding a copy of the batch."),
                      (again, f"the buffer returned is the one call {again} returned", "this exercise measures a fresh "
                       "buffer per batch: allocate it inside pin_copy (buffers kept from earlier calls, one or several, "
                       "are the reuse that ratio is compared with)."),
                      (not locked, "pin_copy never called lock_pages", "lock the new buffer: `with lock_pages(out):` "
-                      "around the copy. Copying alone (as FakePinnable.pin_memory does) is only half of pinning."),
+                      "around the copy. Copying alone (as FakePinnable.pin_memory does) leaves out the locking timed."),
                      (not any(np.shares_memory(pages, out) for pages in locked), "lock_pages was called, but not on "
                       "the buffer you returned", "lock the new buffer you copy into, not the batch."))
         returned.append(out)
@@ -119,13 +119,13 @@ def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | Non
         "time both in interleaved rounds of several calls, dropping each result (buffers kept alive cost more: the "
         "allocator can't reuse their memory), and report the median per-round ratio pin_copy / reused copy.",
         "you divided the other way round: pin_copy's time / the reused copy's time.")
-    case = f"reuse_pays={reuse_pays!r}, with pinning a fresh buffer {measured.ratio:.2f}x a reused copy"
+    case = f"reuse_pays={reuse_pays!r}, with a new locked buffer {measured.ratio:.2f}x a reused copy"
     checks.first(case, (not isinstance(reuse_pays, bool), f"reuse_pays should be True or False, but it is "
                         f"{reuse_pays!r}", "answer with a bool: True if your ratio says reusing is much cheaper."),
-                 (measured.ratio >= REUSE_PAYS and not reuse_pays, f"a fresh locked buffer costs {measured.ratio:.1f}x "
-                  "a reused copy, so reusing pays", "every fresh buffer pays for locking its pages; a reused one paid "
-                  "once."),
-                 (measured.ratio <= REUSE_DOES_NOT_PAY and reuse_pays, f"a fresh locked buffer costs only "
+                 (measured.ratio >= REUSE_PAYS and not reuse_pays, f"a new locked buffer costs {measured.ratio:.1f}x "
+                  "a reused copy, so reusing pays", "every new buffer pays for getting and locking its pages; a "
+                  "reused one paid once."),
+                 (measured.ratio <= REUSE_DOES_NOT_PAY and reuse_pays, f"a new locked buffer costs only "
                   f"{measured.ratio:.2f}x a reused copy here", "so small a difference: reusing would not pay; answer "
                   "False."))
     if REUSE_DOES_NOT_PAY < measured.ratio < REUSE_PAYS:
