@@ -3,7 +3,8 @@
 Mirrors ``torch/utils/data/dataloader.py``. The single-process iterator is the whole idea: sample,
 fetch, collate, and pin when asked. The multi-worker iterator adds queues, a reorder buffer and a shutdown
 protocol (see the NOTE below). Workers are processes by default, or threads with
-``worker_method="thread"``.
+``worker_method="thread"``, minidl's one addition to torch's loader: each place where they part from torch's
+code says ``thread workers:``.
 
 minidl's optional layers, tracing (minidl/trace.py) and resume (minidl/state.py), are iterator
 subclasses put on top in ``DataLoader._get_iterator``. Every line of this file that serves one sits
@@ -31,7 +32,7 @@ import numpy as np
 
 from minidl import _random, _utils
 from minidl._picklable import check_main_module, pickling_errors_named
-from minidl._thread_workers import _InThread, _ThreadContext
+from minidl._thread_workers import _InThread, _ThreadContext  # thread workers: their context and worker side
 from minidl._utils import MP_STATUS_CHECK_INTERVAL, ExceptionWrapper, process_cpu_count
 from minidl.collate import default_collate, default_convert
 from minidl.dataset import Dataset, IterableDataset
@@ -51,7 +52,7 @@ from minidl.worker import (
 __all__ = ["DataLoader", "get_worker_info", "default_collate", "default_convert"]  # torch's own list
 
 _T_co = TypeVar("_T_co", covariant=True)
-WORKER_METHODS = ("multiprocessing", "thread")
+WORKER_METHODS = ("multiprocessing", "thread")  # thread workers: the second choice
 
 
 class _InfiniteConstantSampler(Sampler):
@@ -223,7 +224,7 @@ class DataLoader(Generic[_T_co]):
         self.in_order = in_order
 
         if _is_datapipe(dataset):  # see the DataPipes block
-            if num_workers > 0 and worker_method == "thread":
+            if num_workers > 0 and worker_method == "thread":  # thread workers: not for datapipes
                 raise ValueError(
                     "DataLoader with IterDataPipe or MapDataPipe: worker_method='thread' is not supported (thread "
                     "workers share one datapipe graph, and each worker must shard and seed its own copy); use "
@@ -344,7 +345,7 @@ class DataLoader(Generic[_T_co]):
                     "multiprocessing_context can only be used with multi-process loading "
                     f"(num_workers > 0), but got num_workers={self.num_workers}"
                 )
-            if self.worker_method == "thread":
+            if self.worker_method == "thread":  # thread workers: no start method to choose
                 raise ValueError("multiprocessing_context can't be used with worker_method='thread'")
             if isinstance(context, str):
                 valid = multiprocessing.get_all_start_methods()
@@ -402,7 +403,7 @@ class DataLoader(Generic[_T_co]):
             return
         cores = process_cpu_count()
         if self.num_workers > cores:
-            kind = "threads" if self.worker_method == "thread" else "processes"
+            kind = "threads" if self.worker_method == "thread" else "processes"  # thread workers: named as such
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker {kind} in total. Our suggested "
                 f"max number of worker in current system is {cores}, which is smaller than what this "
@@ -456,15 +457,16 @@ class _BaseDataLoaderIter:
                 f"ignore pin_memory_device='{loader.pin_memory_device}'.",
                 stacklevel=3,
             )
-        self._pin_memory_device = None  # as in torch 2.13, where it is always the current accelerator
         if loader.pin_memory and not self._pin_memory:
             warnings.warn(
                 "'pin_memory' argument is set as true but no accelerator is found, "
                 "then device pinned memory won't be used.",
                 stacklevel=3,
             )
+        # The current accelerator's type ("cuda", "xpu", "mps", ...), as torch 2.13 sets it; None when not pinning.
         accelerator = _random._torch().accelerator.current_accelerator() if self._pin_memory else None
-        if accelerator is not None and accelerator.type == "mps":  # torch 2.13 cannot pin on MPS yet (its issue 86060)
+        self._pin_memory_device = accelerator.type if accelerator is not None else None
+        if self._pin_memory_device == "mps":  # torch 2.13 cannot pin on MPS yet (its issue 86060)
             self._pin_memory = False
             warnings.warn(
                 "'pin_memory' argument is set as true but not supported on MPS now, "
@@ -474,7 +476,7 @@ class _BaseDataLoaderIter:
         self._timeout = loader.timeout
         self._collate_fn = loader.collate_fn
         self._worker_method = loader.worker_method
-        if not _is_generator(loader.generator):
+        if not _random.HAS_TORCH and not _is_generator(loader.generator):  # with torch, its draw refuses it
             raise TypeError(f"generator should be a torch.Generator or a numpy.random.Generator, but got "
                             f"generator={loader.generator!r} of type {type(loader.generator).__name__}")
         # The draws come in torch's order, so the same generator gives the same seeds as torch.
@@ -486,12 +488,12 @@ class _BaseDataLoaderIter:
             self._pg = _datapipe_process_group()
             self._seed_datapipe(loader)
         self._sampler_iter = iter(self._index_sampler)
-        self._base_seed = (  # every worker's seed is base_seed + worker_id
-            # >>> layer: resume (minidl/state.py): a resumed epoch takes the base_seed it was saved with
-            self._resumed_base_seed(loader) if getattr(self, "_resumed", None) is not None else
-            # <<< layer: resume
-            _random.draw_seed(loader.generator)
-        )
+        draw_base_seed = functools.partial(_random.draw_seed, loader.generator)
+        # >>> layer: resume (minidl/state.py): a resumed epoch draws its base_seed as the saved epoch drew it
+        if getattr(self, "_resumed", None) is not None:
+            draw_base_seed = functools.partial(self._resumed_base_seed, loader)
+        # <<< layer: resume
+        self._base_seed = draw_base_seed()  # every worker's seed is base_seed + worker_id
         self._persistent_workers = loader.persistent_workers
         self._num_yielded = 0
 
@@ -551,7 +553,8 @@ class _BaseDataLoaderIter:
         return len(self._index_sampler)
 
     def __getstate__(self):
-        raise NotImplementedError(f"{self.__class__.__name__} cannot be pickled")
+        # torch's exact arguments, so that the message is torch's: ('{} cannot be pickled', '<class name>')
+        raise NotImplementedError("{} cannot be pickled", self.__class__.__name__)
 
 
 def _is_generator(g) -> bool:
@@ -680,7 +683,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._in_order = loader.in_order
         if self._prefetch_factor <= 0:
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
-        if self._worker_method == "thread":
+        if self._worker_method == "thread":  # thread workers: threading's Queue, Event and Thread, and their side
             context = _ThreadContext
             runs_in = _InThread  # says how a worker seeds itself, keeps its WorkerInfo and watches its parent
         else:
@@ -694,7 +697,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             )
 
         self._worker_result_queue = context.Queue()
-        # Thread workers share a threading.Event.
+        # thread workers: they share a threading.Event.
         # Process workers share a flag instead: a killed worker cannot leave it locked, as it could an Event.
         self._workers_done_event = context.Event() if context is _ThreadContext else _utils.DoneFlag(context)
         self._index_queues = []
@@ -759,7 +762,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         else:
             self._data_queue = self._worker_result_queue
 
-        if self._worker_method == "multiprocessing":  # see the NOTE: a dead worker is reported at once
+        if self._worker_method == "multiprocessing":  # thread workers: no SIGCHLD. See the NOTE: a death seen at once
             _utils._set_worker_pids(id(self), tuple(w.pid for w in self._workers))
             _utils._set_SIGCHLD_handler()
         global _atexit_registered
@@ -814,7 +817,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
 
     def _fail(self, failed: list, cause: BaseException | None = None):
         """Shut down for good and raise a RuntimeError naming the dead workers; every later next() raises it too."""
-        if failed[0].pid is None:  # a thread worker left its loop without the sentinel
+        if failed[0].pid is None:  # thread workers: one left its loop without the sentinel
             self._failure = f"DataLoader worker thread(s) {[w.name for w in failed]} exited unexpectedly"
         else:
             self._failure = _utils.worker_failure_message([(w.pid, w.exitcode) for w in failed])
@@ -962,7 +965,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 q.close()
         finally:
             for w in self._workers:  # 6
-                if w.is_alive() and w.pid is not None:
+                if w.is_alive() and w.pid is not None:  # thread workers: a thread has no pid and cannot be killed
                     w.terminate()
                     w.join(timeout=MP_STATUS_CHECK_INTERVAL)
             _live_iterators.discard(self)

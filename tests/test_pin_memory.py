@@ -21,7 +21,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.utils.data as tud  # noqa: E402
-from accelerator_fakes import report_cuda  # noqa: E402
+from accelerator_fakes import report_cuda, report_mps  # noqa: E402
 from torch.utils.data._utils.pin_memory import _pin_memory_loop as torch_pin_memory_loop  # noqa: E402
 from torch.utils.data._utils.pin_memory import pin_memory as torch_pin_memory  # noqa: E402
 
@@ -579,8 +579,6 @@ def test_a_traced_loader_records_one_pin_span_per_batch(name):
 @pytest.mark.usefixtures("no_leaks")
 @pytest.mark.parametrize("name", LOADERS)
 def test_on_mps_warns_like_torch_and_does_not_pin(name, monkeypatch):
-    from accelerator_fakes import report_mps
-
     report_mps(monkeypatch)  # both libraries now see MPS; anything that pinned would raise on this CPU build
     ours_kw, torch_kw = LOADERS[name]
     dataset = minidl.TensorDataset(torch.arange(20.0).view(10, 2), torch.arange(10))
@@ -618,3 +616,18 @@ def test_the_pin_thread_copies_on_one_core_for_the_device_current_at_iter_like_t
         torch.set_num_threads(main_threads)
     assert [(b.items, b.threads) for b in batches] == [([0, 1], 1), ([2, 3], 1), ([4, 5], 1)]
     assert chosen == [1]
+
+
+ACCELERATORS = {"none": lambda monkeypatch: None, "cuda": report_cuda, "mps": report_mps}
+
+
+@pytest.mark.parametrize("accelerator", ACCELERATORS)
+@pytest.mark.parametrize("pin", [False, True])
+def test_the_pin_device_is_the_current_accelerators_type_like_torch(accelerator, pin, monkeypatch):
+    # torch 2.13 sets _pin_memory_device to the current accelerator's type when it pins, and None otherwise.
+    ACCELERATORS[accelerator](monkeypatch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no accelerator, or MPS: torch's warnings, checked above
+        ours, theirs = (iter(lib.DataLoader(range(4), pin_memory=pin)) for lib in (minidl, tud))
+    assert (ours._pin_memory_device, ours._pin_memory) == (theirs._pin_memory_device, theirs._pin_memory)
+    assert ours._pin_memory_device == (accelerator if pin and accelerator != "none" else None)

@@ -139,10 +139,20 @@ def test_bad_arguments_raise_what_torch_raises(case):
 
     ours, theirs = run(minidl), run(tud)
     assert ours[0] is theirs[0] and ours[0] in (AssertionError, TypeError), (ours, theirs)
-    if ours[0] is AssertionError:
-        assert ours[1] == theirs[1]
-    else:
-        assert "generator" in ours[1]
+    assert ours[1] == theirs[1]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # torch's own __del__
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_pickling_an_iterator_raises_torchs_error_word_for_word(num_workers):
+    import pickle
+
+    def run(module):
+        return outcome(lambda: pickle.dumps(iter(module.DataLoader(list(range(4)), num_workers=num_workers))))
+
+    ours, theirs = run(minidl), run(tud)
+    assert ours[0] is theirs[0] is NotImplementedError
+    assert ours[1] == theirs[1]
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
