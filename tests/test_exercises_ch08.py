@@ -89,6 +89,10 @@ def forgets_the_255(loader, mean, std):
         yield (x - torch.tensor(mean).view(shape)) / torch.tensor(std).view(shape), y
 
 
+def uses_imagenet_statistics(loader, mean, std):
+    yield from prefetch_one_ahead(loader, [0.485, 0.456, 0.406], [0.229, 0.224, 0.225])
+
+
 def reads_everything_first(loader, mean, std):
     batches = [(normalise(x, mean, std), y) for x, y in loader]
     yield from batches
@@ -127,6 +131,7 @@ def hands_out_the_new_batch(loader, mean, std):
         (drops_the_last_batch, r"has 3 batches, but you yielded 2.*the last batch is missing"),
         (forgets_the_255, r"should be .*, but it is .*scale them by 255"),
         (reads_everything_first, r"already fetched 3 batches.*one batch ahead, no more"),
+        (uses_imagenet_statistics, r"should have shape \(\d+, 1, \d+, \d+\).*the mean and std you are given"),
         (in_float64, r"should have dtype torch.float32, but they have torch.float64"),
         (crashes_on_an_empty_loader, r"an empty loader.*RuntimeError.*next\(iterator, None\)"),
         (hands_out_the_new_batch, r"handed out in place 0 is the loader's batch 1"),

@@ -155,7 +155,9 @@ def _compare(got, batches, mean, std, case, checks: _Checks) -> None:
         checks.first(case, (x.dtype != torch.float32, f"batch {k}'s images should have dtype torch.float32, but they "
                             f"have {x.dtype}", "convert with images.float(), and keep mean and std float32 too."),
                      (x.shape != want_x.shape, f"batch {k}'s images should have shape {tuple(want_x.shape)}, but they "
-                      f"have {tuple(x.shape)}", "normalising changes values, never the shape (N, C, H, W)."),
+                      f"have {tuple(x.shape)}", f"normalise with the mean and std you are given, one value per channel "
+                      f"(here {len(mean)}), not your own." if x.ndim == 4 and x.shape[1] != want_x.shape[1]
+                      else "normalising changes values, never the shape (N, C, H, W)."),
                      (not y_ok and moved is not None, f"the batch you handed out in place {k} is the loader's batch "
                       f"{moved}", "keep the loader's order: yield the batch you held, then hold the new one."),
                      (not y_ok, f"batch {k}'s targets should be {want_y.tolist()}, but they are {_short(y)}",
