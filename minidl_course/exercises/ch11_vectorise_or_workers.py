@@ -92,20 +92,18 @@ def compare_transforms(transform_sample: Callable, transform_batch: Callable, ro
 
 
 class Measured(NamedTuple):
-    """Each option's epochs your notebook ran (seconds, on the checker's clock), and the three transforms' times."""
+    """Each option's epochs your notebook ran, in seconds, on the checker's clock."""
     workers: list[float]
     vectorised: list[float]
-    transforms: dict[str, float]
 
 
-def measure(transform_sample: Callable, transform_batch: Callable) -> Measured:
-    epochs = {option: [s for o, s in EPOCHS if o == option] for option in ("workers", "vectorised")}
-    return Measured(epochs["workers"], epochs["vectorised"], compare_transforms(transform_sample, transform_batch))
+def measure() -> Measured:
+    return Measured(*([s for o, s in EPOCHS if o == option] for option in ("workers", "vectorised")))
 
 
 def check_decision(transform_sample: Callable[[np.ndarray], np.ndarray],
                    transform_batch: Callable[[np.ndarray], np.ndarray], seconds: Any, choice: Any,
-                   measure: Callable[[Callable, Callable], Measured] = measure) -> Measured:
+                   measure: Callable[[], Measured] = measure) -> Measured:
     """Check ch11: both transforms right and vectorised; ``seconds`` (``{"workers": s, "vectorised": s}``) the medians
     of the epochs your notebook ran, and ``choice`` the faster. Raises AssertionError at the first problem."""
     def check_first(checks: _Checks) -> None:
@@ -124,8 +122,7 @@ def check_decision(transform_sample: Callable[[np.ndarray], np.ndarray],
         return "Your notebook's epochs, on the checker's clock: " + "; ".join(
             f"{key} " + (", ".join(f"{s * 1e3:.0f}" for s in getattr(m, key)[-8:]) or "none") + " ms"
             for key in ("workers", "vectorised"))
-    return harness.measure_then_judge([transform_sample, transform_batch], check_first,
-                                      lambda: measure(transform_sample, transform_batch), report,
+    return harness.measure_then_judge([transform_sample, transform_batch], check_first, measure, report,
                                       lambda measured, checks: judge(seconds, choice, measured, checks))
 
 
