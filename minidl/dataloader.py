@@ -3,8 +3,9 @@
 Mirrors ``torch/utils/data/dataloader.py``. The single-process iterator is the whole idea: sample,
 fetch, collate, and pin when asked. The multi-worker iterator adds queues, a reorder buffer and a shutdown
 protocol (see the NOTE below). Workers are processes by default, or threads with
-``worker_method="thread"``, minidl's one addition to torch's loader: each place where they part from torch's
-code says ``thread workers:``.
+``worker_method="thread"``, minidl's one addition to torch's loader. Where they part from torch's code, the lines
+sit between ``# >>> thread workers`` and ``# <<< thread workers``, as in worker.py, or one line says
+``# thread workers:``.
 
 minidl's optional layers, tracing (minidl/trace.py) and resume (minidl/state.py), are iterator
 subclasses put on top in ``DataLoader._get_iterator``. Every line of this file that serves one sits
@@ -224,12 +225,14 @@ class DataLoader(Generic[_T_co]):
         self.in_order = in_order
 
         if _is_datapipe(dataset):  # see the DataPipes block
-            if num_workers > 0 and worker_method == "thread":  # thread workers: not for datapipes
+            # >>> thread workers: not for datapipes
+            if num_workers > 0 and worker_method == "thread":
                 raise ValueError(
                     "DataLoader with IterDataPipe or MapDataPipe: worker_method='thread' is not supported (thread "
                     "workers share one datapipe graph, and each worker must shard and seed its own copy); use "
                     "worker_method='multiprocessing' or num_workers=0"
                 )
+            # <<< thread workers
             self.dataset = _datapipe_serialization_wrapper(dataset)
 
         # Samplers choose keys; an IterableDataset has none, so it accepts no sampler at all.
@@ -345,8 +348,10 @@ class DataLoader(Generic[_T_co]):
                     "multiprocessing_context can only be used with multi-process loading "
                     f"(num_workers > 0), but got num_workers={self.num_workers}"
                 )
-            if self.worker_method == "thread":  # thread workers: no start method to choose
+            # >>> thread workers: no start method to choose
+            if self.worker_method == "thread":
                 raise ValueError("multiprocessing_context can't be used with worker_method='thread'")
+            # <<< thread workers
             if isinstance(context, str):
                 valid = multiprocessing.get_all_start_methods()
                 if context not in valid:
@@ -683,13 +688,15 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
         self._in_order = loader.in_order
         if self._prefetch_factor <= 0:
             raise AssertionError("prefetch_factor must be greater than 0 for MultiProcessingDataLoaderIter")
-        if self._worker_method == "thread":  # thread workers: threading's Queue, Event and Thread, and their side
+        # >>> thread workers: threading's queues, event and threads stand in for a multiprocessing context
+        if self._worker_method == "thread":
             context = _ThreadContext
             runs_in = _InThread  # says how a worker seeds itself, keeps its WorkerInfo and watches its parent
         else:
             context = loader.multiprocessing_context or _mp_module().get_context()
             runs_in = _InProcess
             check_main_module(context, loader)  # spawn/forkserver: refuse now what a worker could not import
+        # <<< thread workers
         self._worker_init_fn = loader.worker_init_fn
         if _is_datapipe(self._dataset):  # each worker first keeps its own share (see the DataPipes block)
             self._worker_init_fn = functools.partial(
@@ -697,8 +704,8 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             )
 
         self._worker_result_queue = context.Queue()
+        # Process workers share a flag: a killed worker cannot leave it locked, as it could an Event.
         # thread workers: they share a threading.Event.
-        # Process workers share a flag instead: a killed worker cannot leave it locked, as it could an Event.
         self._workers_done_event = context.Event() if context is _ThreadContext else _utils.DoneFlag(context)
         self._index_queues = []
         self._workers = []
@@ -817,10 +824,12 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
 
     def _fail(self, failed: list, cause: BaseException | None = None):
         """Shut down for good and raise a RuntimeError naming the dead workers; every later next() raises it too."""
-        if failed[0].pid is None:  # thread workers: one left its loop without the sentinel
+        # >>> thread workers: a thread that left its loop without the sentinel has no pid, nor exit code
+        if failed[0].pid is None:
             self._failure = f"DataLoader worker thread(s) {[w.name for w in failed]} exited unexpectedly"
         else:
             self._failure = _utils.worker_failure_message([(w.pid, w.exitcode) for w in failed])
+        # <<< thread workers
         self._shutdown_workers()
         raise RuntimeError(self._failure) from cause
 

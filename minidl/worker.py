@@ -55,7 +55,11 @@ class WorkerInfo:
 
 
 def get_worker_info() -> WorkerInfo | None:
-    """The current worker's ``WorkerInfo``, or ``None`` in the main process, as in torch."""
+    """The current worker's ``WorkerInfo``, or ``None`` in the main process, as in torch.
+
+    It answers in thread workers too, each thread for itself. torch's ``torch.utils.data.get_worker_info()`` answers
+    in process workers only (minidl's set it as torch's do), so a dataset meant for thread workers calls this one.
+    """
     # >>> thread workers: a thread worker's own info comes first, because threads share the module global
     info = getattr(_thread_local, "info", None)
     if info is not None:

@@ -58,8 +58,8 @@ def worker_threads() -> list[threading.Thread]:
 class TorchShardedRange(tud.IterableDataset if tud is not None else object):
     """``toy.ShardedRange`` written against torch's API: shards ``range(start, end)`` with torch's get_worker_info.
 
-    ``get_worker_info`` is looked up on ``torch.utils.data`` the usual way, so it sees whatever torch's
-    function is at the time (minidl's thread workers swap its body while they run).
+    It shards in torch's workers and in minidl's process workers, which set torch's worker info as torch's do.
+    minidl's thread workers leave torch's alone: there it answers None, and every worker yields the whole range.
     """
 
     def __init__(self, start: int, end: int) -> None:

@@ -87,13 +87,16 @@ def test_thread_workers_have_their_own_random_torch_and_numpy_generators_seeded_
     assert by_worker[0] == expected
 
 
-def test_a_dataset_written_for_torch_shards_itself_in_thread_workers():
-    from torch.utils.data import get_worker_info as imported_early  # bound before any worker ran
+def test_in_thread_workers_minidls_get_worker_info_shards_and_torchs_is_left_alone():
+    def samples(dataset):
+        loader = minidl.DataLoader(dataset, batch_size=3, num_workers=2, worker_method="thread", collate_fn=list)
+        return sorted(int(x) for batch in loader for x in batch)
 
-    got = sorted(int(x) for x in minidl.DataLoader(TorchShardedRange(0, 20), batch_size=3, num_workers=2,
-                                                    worker_method="thread", collate_fn=list) for x in x)
-    assert got == list(range(20))  # each sample once: torch's lookup saw each thread's own worker info
-    assert imported_early() is None and tud.get_worker_info() is None  # and the main thread is no worker
+    assert samples(toy.ShardedRange(0, 20)) == list(range(20))  # minidl.get_worker_info: each thread its own info
+    # torch's get_worker_info reads one module global that threads would share, so minidl leaves it alone: in a
+    # thread worker it answers None, and a dataset sharded with it yields all of itself in every worker.
+    assert samples(TorchShardedRange(0, 20)) == sorted(list(range(20)) * 2)
+    assert "thread workers" in minidl.get_worker_info.__doc__
 
 
 # --- warnings and bad arguments -------------------------------------------------------------------
