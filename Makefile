@@ -143,8 +143,10 @@ $(FT_STAMP): pyproject.toml scripts/ft.sh
 	$(FT_LOCK) sh -c 'test -x $(FT_VENV)/bin/python -a -e $(FT_VENV)/.installed-$(FT_HASH) || \
 		{ bash scripts/ft.sh $(FT_VENV) && rm -f $(FT_VENV)/.installed-* && touch $(FT_VENV)/.installed-$(FT_HASH); }'
 
-test-ft: ft
-	$(FT_VENV)/bin/python -m pytest $(FT_TESTS)
+# Skipped, with a line saying why, where no free-threaded interpreter can be had (a Mac without uv, say).
+test-ft:
+	@if bash scripts/ft.sh --available; then $(MAKE) --no-print-directory ft && $(FT_VENV)/bin/python -m pytest $(FT_TESTS); \
+	else echo "make test-ft: SKIPPED, the torch-free tests did not run free-threaded (install uv, or set FT_PYTHON)"; fi
 
 # Thread workers vs process workers under both builds (~8 min on 2 cores; BENCH_FT_ARGS=--quick: ~1 min),
 # each into results/<machine-tag>/, then both side by side in results/threads/ (plots need .venv's matplotlib).

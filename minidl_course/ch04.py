@@ -1,11 +1,13 @@
-"""Notebook 04's harness: three ways to fetch a batch from one ``TensorDataset``, timed and broken down.
+"""Notebook 04's harness: four ways to fetch a batch from one ``TensorDataset``, timed and broken down.
 
-Per sample (``dataset[i]`` 64 times, then ``default_collate`` stacks the rows), with ``__getitems__`` (one
-index per tensor for the whole batch, then the same collate), and with a ``BatchSampler`` passed as
-``sampler=`` and ``batch_size=None`` (the dataset indexed with the whole list of indices: the batch comes out
-already made, and ``default_convert`` leaves it alone). Each is timed untraced, with minidl's and torch's
-loaders, then traced to split a batch's time into fetching, collating and the loader's own work. Timing is
-done here, not with ``minidl_bench`` (which imports this package, not the other way round).
+Per sample (``dataset[i]`` 64 times, then ``default_collate`` stacks the rows); ``__getitems__`` returning
+rows (one index per tensor for the whole batch, split back into rows that the same collate stacks again);
+``__getitems__`` returning the made batch, with a pass-through ``collate_fn``; and a ``BatchSampler`` passed
+as ``sampler=`` with ``batch_size=None`` (the dataset indexed with the whole list of indices: the batch comes
+out made, and ``default_convert`` only turns its tuple into a list). Each is timed untraced, with minidl's and
+torch's loaders, then traced to split a batch's time into fetching, collating and the loader's own work;
+``batch_size_study`` times torch's loader over a few batch sizes. Timing is done here, not with
+``minidl_bench`` (which imports this package, not the other way round).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 
 import minidl
 
-MODES = ("per sample", "__getitems__", "BatchSampler as sampler")
+MODES = ("per sample", "__getitems__ -> rows", "__getitems__ -> batch", "BatchSampler as sampler")
 PARTS = ("fetching", "collating", "the loader's own work")
 
 
@@ -39,6 +41,31 @@ class BatchedTensorDataset(minidl.TensorDataset):
         return list(zip(*columns))
 
 
+class MadeBatchTensorDataset(minidl.TensorDataset):
+    """A ``TensorDataset`` whose ``__getitems__`` returns the batch itself: one indexing per tensor, nothing split.
+
+    The fetcher hands whatever ``__getitems__`` returns to ``collate_fn``, so pair it with ``pass_through``.
+
+    >>> import torch
+    >>> ds = MadeBatchTensorDataset(torch.arange(6).reshape(3, 2), torch.tensor([7, 8, 9]))
+    >>> ds.__getitems__([2, 0])
+    (tensor([[4, 5],
+            [0, 1]]), tensor([9, 7]))
+    """
+
+    def __getitems__(self, indices: list) -> tuple:
+        return tuple(tensor[indices] for tensor in self.tensors)
+
+
+def pass_through(batch: Any) -> Any:
+    """A ``collate_fn`` for a dataset that makes its own batches: hand the batch on as it is.
+
+    >>> pass_through((1, 2))
+    (1, 2)
+    """
+    return batch
+
+
 def make_loader(lib: Any, mode: str, features: Any, labels: Any, batch_size: int, seed: int,
                 trace: bool = False) -> Any:
     """A shuffled loader of ``lib`` (``minidl`` or ``torch.utils.data``) that fetches its batches the ``mode`` way."""
@@ -49,9 +76,12 @@ def make_loader(lib: Any, mode: str, features: Any, labels: Any, batch_size: int
     if mode == "per sample":
         return lib.DataLoader(lib.TensorDataset(features, labels), batch_size, shuffle=True, generator=generator,
                               **extra)
-    if mode == "__getitems__":
+    if mode == "__getitems__ -> rows":
         return lib.DataLoader(BatchedTensorDataset(features, labels), batch_size, shuffle=True, generator=generator,
                               **extra)
+    if mode == "__getitems__ -> batch":
+        return lib.DataLoader(MadeBatchTensorDataset(features, labels), batch_size, shuffle=True,
+                              generator=generator, collate_fn=pass_through, **extra)
     if mode == "BatchSampler as sampler":
         dataset = lib.TensorDataset(features, labels)
         batches = lib.BatchSampler(lib.RandomSampler(dataset, generator=generator), batch_size, drop_last=False)
@@ -112,26 +142,26 @@ class FetchStudy:
                          + f"   traced {traced * 1e6:4.0f} against {self.per_batch(mode) * 1e6:4.0f} untraced")
         return "\n".join(lines)
 
-    def verdict(self) -> str:
-        """Which mode was fastest and by how much, what __getitems__ alone did, and where a per-sample batch goes."""
-        fastest = min(MODES, key=self.per_batch)
-        speedup = self.per_batch(MODES[0]) / self.per_batch(fastest)
-        getitems = self.per_batch(MODES[0]) / self.per_batch(MODES[1])
-        alone = (f"x{getitems:.1f}, a saving" if getitems >= 1.1 else
-                 f"x{getitems:.2f}, no clear saving" if getitems > 0.9 else f"x{getitems:.2f}, a loss")
+    def speedup(self, mode: str, lib: str = "minidl") -> float:
+        """How many times faster than per-sample fetching ``mode``'s fastest epoch was, with ``lib``'s loader."""
+        return min(self.epochs[(MODES[0], lib)]) / min(self.epochs[(mode, lib)])
+
+    def finding(self) -> str:
+        """What the run shows, in words: each way's gain with torch's loader, and where a per-sample batch goes."""
+        gains = ", ".join(f"{mode} x{self.speedup(mode, 'torch'):.1f}" for mode in MODES[1:])
         parts = self.parts[MODES[0]]
         biggest = max(PARTS, key=parts.get)
-        share = parts[biggest] / sum(parts.values())
-        ratios = [min(self.epochs[(m, "minidl")]) / min(self.epochs[(m, "torch")]) for m in MODES]
-        return (f"On this run '{fastest}' was fastest, x{speedup:.1f} over per-sample fetching; __getitems__ alone "
-                f"gave {alone}. Fetched per sample, a traced batch spent {share:.0%} of its time {biggest}. "
-                f"minidl's epochs took x{min(ratios):.2f} to x{max(ratios):.2f} torch's.")
+        rows, made = self.parts[MODES[1]], self.parts[MODES[2]]
+        return (f"With torch's DataLoader, over per-sample fetching: {gains}. Fetched per sample, a traced batch "
+                f"spent {parts[biggest] / sum(parts.values()):.0%} of its time {biggest}; __getitems__ returning "
+                f"rows still spent {rows['collating'] * 1e6:.0f} µs a batch collating them, returning the made "
+                f"batch {made['collating'] * 1e6:.0f} µs.")
 
     def plot(self, title: str, caption: str | None = None) -> Any:
         """One stacked bar per mode: microseconds per batch in each part, from the traces (a zero-based axis)."""
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(8, 2.8))
+        fig, ax = plt.subplots(figsize=(8, 3.2))
         left = np.zeros(len(MODES))
         for part, colour in zip(PARTS, ("#4c72b0", "#dd8452", "#8c8c8c")):
             widths = np.array([self.parts[mode][part] * 1e6 for mode in MODES])
@@ -175,8 +205,59 @@ def fetch_study(features: Any, labels: Any, batch_size: int = 64, seed: int = 0,
     return FetchStudy(epochs, parts, batches, len(features))
 
 
+def batch_size_study(features: Any, labels: Any, sizes: tuple[int, ...] = (16, 64, 256),
+                     modes: tuple[str, ...] = (MODES[0], MODES[2]), seed: int = 0,
+                     repeats: int = 3) -> dict[tuple[str, int], float]:
+    """The fastest epoch (seconds) of torch's loader for each ``(mode, batch_size)``, after one warm-up epoch each;
+    rounds interleave the settings so a burst of load elsewhere hits them alike."""
+    import torch.utils.data as tud
+
+    runs = {(mode, size): partial(make_loader, tud, mode, features, labels, size, seed)
+            for mode in modes for size in sizes}
+    for make in runs.values():
+        _drain(make())
+    best = dict.fromkeys(runs, float("inf"))
+    for _ in range(repeats):
+        for key, make in runs.items():
+            start = time.perf_counter()
+            _drain(make())
+            best[key] = min(best[key], time.perf_counter() - start)
+    return best
+
+
+def batch_size_table(best: dict[tuple[str, int], float], samples: int) -> str:
+    """``batch_size_study``'s result as one row per mode: microseconds per sample at each batch size."""
+    modes = list(dict.fromkeys(mode for mode, _ in best))
+    sizes = sorted({size for _, size in best})
+    lines = [f"torch's DataLoader, one epoch of {samples:,} samples, µs per sample (fastest of the repeats):",
+             f"  {'batch_size':24}" + "".join(f"{size:>9}" for size in sizes)]
+    for mode in modes:
+        lines.append(f"  {mode:24}" + "".join(f"{best[(mode, size)] / samples * 1e6:9.2f}" for size in sizes))
+    return "\n".join(lines)
+
+
 def _drain(loader: Any) -> int:
     count = 0
     for _ in loader:
         count += 1
     return count
+
+
+def batch_size_finding(best: dict[tuple[str, int], float], samples: int) -> str:
+    """Per mode, the time per sample at the smallest and the largest batch size, and which was faster, in words."""
+    sizes = sorted({size for _, size in best})
+    small, large = sizes[0], sizes[-1]
+    lines = []
+    for mode in dict.fromkeys(mode for mode, _ in best):
+        ratio = best[(mode, small)] / best[(mode, large)]
+        if ratio >= 1.1:
+            how = f"x{ratio:.1f} faster per sample at batch {large}"
+        elif ratio > 1 / 1.1:
+            how = "about the same (within 10%)"
+        else:
+            how = (f"x{1 / ratio:.1f} slower per sample at batch {large}: a cost that grows with the batch (torch "
+                   "runs a large gather on several threads, which wait on each other when other jobs hold the "
+                   "cores), or other jobs slowing those epochs: re-run to tell")
+        lines.append(f"{mode}: {best[(mode, small)] / samples * 1e6:.1f} µs a sample at batch {small}, "
+                     f"{best[(mode, large)] / samples * 1e6:.1f} at batch {large}: {how}")
+    return "\n".join(lines)

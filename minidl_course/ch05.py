@@ -75,6 +75,26 @@ def workers_needed_uncapped(diagnosis: Any) -> int:
     return max(1, math.ceil(diagnosis.batch_time / diagnosis.consumer_step))
 
 
+def matching_lines(ours: Callable, theirs: Callable, steps: dict[str, tuple[str, str]]) -> str:
+    """Side by side, for each step, the first line of ``ours``'s source and of ``theirs``'s holding its marker.
+
+    ``steps``: a step in words -> (a marker in minidl's source, a marker in torch's). A marker found nowhere
+    prints as "(none)", so a renamed line shows rather than vanishing.
+    """
+    import inspect
+
+    def first(fn: Callable, marker: str) -> str:
+        found = next((line for line in inspect.getsource(fn).splitlines() if marker in line), "(none)")
+        return found.split("  # ")[0].strip()  # the code, not its comment
+
+    width = max(len(step) for step in steps)
+    lines = []
+    for step, (mine, torch_marker) in steps.items():
+        lines.append(f"{step:{width}}  minidl: {first(ours, mine)}")
+        lines.append(f"{'':{width}}  torch:  {first(theirs, torch_marker)}")
+    return "\n".join(lines)
+
+
 # --- section 7: throughput against num_workers ------------------------------------------------------------
 
 
@@ -103,6 +123,13 @@ class Sweep:
         lines.append(f"CPU-bound work in a plain Pool of {self.cores} processes: x{self.pool_speedup:.2f} over a "
                      "plain loop")
         return "\n".join(lines)
+
+    def findings(self) -> list[str]:
+        """What the threads did, in this run's numbers (no judgement: the notebook's text says what to expect)."""
+        most = self.workers[-1]
+        return [f"CPU-bound, threads: best x{max(self.speedup['CPU-bound, threads']):.2f} over the main process",
+                f"I/O-bound, {most} threads: x{self.speedup['I/O-bound, threads'][-1]:.2f} over the main process, "
+                f"on {self.cores} core{'s' * (self.cores > 1)}"]
 
     def beyond_cores(self) -> str:
         """CPU-bound processes: one per core against the most swept, in this machine's numbers."""
@@ -328,3 +355,97 @@ def photo_study(workers: tuple[int, ...], per_class: int, size: int, batch_size:
         study.costs[count] = startup_cost(partial(make, count))
     study.batch = next(iter(make(0)))
     return study
+
+
+# --- section 10: a CPU training step and the workers share the cores ------------------------------------------
+
+
+@dataclass
+class CoreShare:
+    """Epochs of photos decoded by torch's DataLoader under a real CPU step, per (num_workers, step threads)."""
+
+    cores: int
+    batches: int
+    load_s: float  # making one batch in the main process, no step
+    step_s: dict = field(default_factory=dict)  # step threads -> seconds per step on a batch already made
+    seconds: dict = field(default_factory=dict)  # (num_workers, step threads) -> fastest epoch, s
+
+    def table(self) -> str:
+        workers = sorted({w for w, _ in self.seconds})
+        lines = [f"{self.batches} batches; one batch takes {self.load_s * 1e3:.0f} ms to load in the main process; "
+                 "a step takes " + ", ".join(f"{s * 1e3:.0f} ms on {t} thread{'s' * (t > 1)}"
+                                             for t, s in self.step_s.items()) + " (fastest epoch, workers started)"]
+        for threads in self.step_s:
+            lines.append(f"  step on {threads} thread{'s' * (threads > 1)}:" + "".join(
+                f"  {w} worker{'s' if w != 1 else ' '} {self.seconds[w, threads] * 1e3:5.0f} ms" for w in workers))
+        return "\n".join(lines)
+
+    def finding(self) -> str:
+        """Which setting was fastest, and what workers did at each step-thread count, in words."""
+        best = min(self.seconds, key=self.seconds.get)
+        most = max(w for w, _ in self.seconds)
+        lines = [f"fastest: {best[0]} workers with the step on {best[1]} thread{'s' * (best[1] > 1)}, "
+                 f"{self.seconds[best] * 1e3:.0f} ms"]
+        for threads in self.step_s:
+            gain = self.seconds[0, threads] / self.seconds[most, threads]
+            what = ("loading ran under the step" if gain >= 1.1 else
+                    "no clear gain (within 10%): the workers and the step wanted the same cores" if gain > 1 / 1.1 else
+                    "slower with workers: they and the step fought for the cores, or other jobs slowed those epochs")
+            lines.append(f"step on {threads} thread{'s' * (threads > 1)}: {most} workers x{gain:.2f} over none: {what}")
+        return "\n".join(lines)
+
+
+def core_share_study(workers: tuple[int, ...], threads: tuple[int, ...], per_class: int, limit: int, size: int,
+                     batch_size: int, repeats: int = 3, seed: int = 0) -> CoreShare:
+    """Epochs of ``photos.Photos`` (Pillow decode and timm-style augmentation, ``size`` pixels) through torch's
+    DataLoader, each batch fed to ``train.Trainer.step`` on ``torch.set_num_threads(t)`` threads, for every
+    ``num_workers`` in ``workers`` and ``t`` in ``threads``. Workers are persistent and started by an untimed
+    epoch (section 9 times starting them); torch runs each worker's own ops on one thread. The main process's
+    thread count is restored afterwards.
+    """
+    import torch
+    import torch.utils.data as tud
+
+    from minidl.prefetch import fast_collate
+    from minidl_course import photos
+    from minidl_course.train import Trainer
+
+    if 0 not in workers:
+        raise ValueError(f"workers should include 0 (the baseline), got {workers}")
+    dataset = photos.Photos(photos.photo_folder(per_class=per_class, seed=seed),
+                            transform=photos.train_transform(size), limit=limit)
+    before = torch.get_num_threads()
+    trainer = Trainer(channels=3, classes=len(dataset.classes), seed=seed)
+    made = fast_collate([dataset[i] for i in range(batch_size)])
+    start = time.perf_counter()
+    fast_collate([dataset[i] for i in range(batch_size)])
+    result = CoreShare(core_count(), -(-len(dataset) // batch_size), time.perf_counter() - start)
+    try:
+        for t in threads:
+            torch.set_num_threads(t)
+            trainer.step(made)  # warm-up
+            result.step_s[t] = min(_timed(trainer.step, made) for _ in range(3))
+        for count in workers:
+            loader = tud.DataLoader(dataset, batch_size=batch_size, shuffle=True, num_workers=count,
+                                    collate_fn=fast_collate, persistent_workers=count > 0,
+                                    generator=torch.Generator().manual_seed(seed))
+            for _ in loader:  # the untimed epoch: starts the workers
+                pass
+            for _ in range(repeats):  # rounds alternate the thread counts, so load elsewhere hits them alike
+                for t in threads:
+                    torch.set_num_threads(t)
+                    start = time.perf_counter()
+                    for batch in loader:
+                        trainer.step(batch)
+                    took = time.perf_counter() - start
+                    result.seconds[count, t] = min(took, result.seconds.get((count, t), math.inf))
+            del loader  # persistent workers stop with their loader
+    finally:
+        torch.set_num_threads(before)
+    return result
+
+
+def _timed(fn: Callable, *args: Any) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start

@@ -106,3 +106,63 @@ def startup_cost(make_loader: Callable[[], Iterable]) -> StartupCost:
     # Without workers every batch is made here, one after another: the epoch's own pace is one batch's work.
     batch = per_batch if method == "main process" else one_batch_s(loader)
     return StartupCost(method, stamps[0] - start, per_batch, len(stamps), batch)
+
+
+# --- what each start method costs a script that imports torch at the top ---------------------------------------
+
+
+@dataclass(frozen=True)
+class ScriptStart:
+    """``start_script.py`` run once with one start method: the first-batch waits of each epoch, per setting."""
+
+    method: str
+    workers: int
+    python: str  # the CPython that ran it
+    waits: dict  # persistent (bool) -> seconds to the first batch, one per epoch
+    top_runs: int  # how many times the script's top (its `import torch`) ran in another process
+
+
+def start_method_costs(methods: Iterable[str], workers: int = 2, epochs: int = 2, persistent: bool = True,
+                       timeout: float = 600) -> list[ScriptStart]:
+    """Run ``minidl_course/start_script.py`` as its own process once per start method in ``methods``.
+
+    A script, not this process: a spawn or forkserver worker runs the top of the script that started it, and
+    whether forkserver's server preloads it (importing torch once for every worker) depends on the CPython
+    version. ``persistent=False`` times only loaders without ``persistent_workers``.
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    script = Path(__file__).with_name("start_script.py")
+    results = []
+    for method in methods:
+        with tempfile.TemporaryDirectory() as folder:
+            runs = Path(folder) / "top_runs"
+            runs.touch()
+            args = [sys.executable, str(script), method, str(workers), str(epochs)] + ([] if persistent else ["off"])
+            done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False,
+                                  env={**os.environ, "MINIDL_TOP_RUNS": str(runs)})
+            if done.returncode != 0:
+                raise RuntimeError(f"start_script.py {method} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+            out = json.loads(done.stdout.strip().splitlines()[-1])
+            top_runs = len(runs.read_text().split())
+        waits = {key == "persistent=True": value for key, value in out.items() if key.startswith("persistent=")}
+        results.append(ScriptStart(method, workers, out["python"], waits, top_runs))
+    return results
+
+
+def start_table(results: list[ScriptStart]) -> str:
+    """One line per start method and setting: the wait for each epoch's first batch, and where torch was imported."""
+    lines = []
+    for r in results:
+        for persistent, waits in r.waits.items():
+            epochs = ", ".join(f"{w:.2f}" for w in waits)
+            lines.append(f"  {r.method:10} persistent_workers={str(persistent):5}  first batch of each epoch: "
+                         f"{epochs} s")
+        lines.append(f"  {'':10} the script's top (import torch) ran {r.top_runs} time{'s' * (r.top_runs != 1)} "
+                     "in other processes")
+    return "\n".join(lines)

@@ -18,8 +18,12 @@
 # route works here; for 3.14, this machine's Debian mirror listed 3.14.8-3.14.10 in forky/sid while its
 # pool held only 3.14.4-3.14.7, so apt's download failed (404): build it by hand and pass FT_PYTHON.
 # Every candidate is checked: CPython >= 3.13 built with Py_GIL_DISABLED=1.
+# `bash scripts/ft.sh --available` sets nothing up: it exits 0 if an interpreter can be had by the steps
+# above (found, from uv, or a source build where apt-get can fetch the source), else prints why and exits 3.
 set -euo pipefail
 
+AVAILABLE_ONLY=
+if [[ ${1:-} == --available ]]; then AVAILABLE_ONLY=1; shift; fi
 VENV=${1:-.venv-ft}
 CACHE_ROOT=${XDG_CACHE_HOME:-$HOME/.cache}/minidl
 FT_VERSION=${FT_VERSION:-3.13}
@@ -168,6 +172,11 @@ build_python() {
 # --- the interpreter -------------------------------------------------------------------------------
 cd "$REPO"
 PY=
+if [[ -n $AVAILABLE_ONLY ]]; then
+    if find_python >/dev/null || earlier_build || command -v apt-get >/dev/null; then exit 0; fi
+    echo "no free-threaded CPython 3.13+ on PATH (python3.14t, python3.13t), no uv, and no apt-get to build one"
+    exit 3
+fi
 if ! find_python; then
     # One build at a time, even when two `make ft` run at once; the second reuses the first's.
     mkdir -p "$CACHE_ROOT"

@@ -1,4 +1,4 @@
-"""Tests for minidl_course.ch04: the three ways of fetching a batch give the batches torch gives, and the traced
+"""Tests for minidl_course.ch04: the four ways of fetching a batch give the batches torch gives, and the traced
 breakdown adds up to the time spent in ``next()``. No speed is asserted."""
 
 from __future__ import annotations
@@ -31,8 +31,20 @@ def test_each_mode_gives_torchs_batches(mode):
     assert same(epoch(minidl, mode), epoch(tud, mode))
 
 
-def test_getitems_changes_how_a_batch_is_fetched_not_what_it_holds():
-    assert same(epoch(minidl, "__getitems__"), epoch(minidl, "per sample"))
+@pytest.mark.parametrize("mode", ["__getitems__ -> rows", "__getitems__ -> batch"])
+def test_fetching_at_once_changes_how_a_batch_is_fetched_not_what_it_holds(mode):
+    assert same(epoch(minidl, mode), epoch(minidl, "per sample"))
+    assert same(epoch(tud, mode), epoch(tud, "per sample"))
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(0, N - 1), max_size=20))
+def test_a_made_batch_is_the_collated_rows(indices):
+    made = ch04.MadeBatchTensorDataset(FEATURES, LABELS).__getitems__(indices)
+    rows = minidl.default_collate([(FEATURES[i], LABELS[i]) for i in indices]) if indices else None
+    assert all(len(t) == len(indices) for t in made)
+    if indices:
+        assert all(torch.equal(m, r) for m, r in zip(made, rows))
 
 
 @pytest.mark.parametrize("mode", ch04.MODES)
@@ -62,7 +74,7 @@ def test_the_breakdown_adds_up_to_the_time_in_next(mode):
     waits = [r["end"] - r["start"] for r in loader.trace.rows() if r["event"] == "wait" and r["batch"] is not None]
     assert sum(parts.values()) == pytest.approx(sum(waits) / len(waits))
     assert parts["fetching"] > 0
-    assert (parts["collating"] > 0) == (mode != "BatchSampler as sampler")
+    assert (parts["collating"] > 0) == (mode != "BatchSampler as sampler")  # a pass-through collate still counts
 
 
 def test_a_breakdown_of_nothing_and_an_unknown_mode_are_refused():
@@ -78,5 +90,13 @@ def test_the_study_reports_every_mode_and_library():
     assert set(study.epochs) == {(m, lib) for m in ch04.MODES for lib in ("minidl", "torch")}
     assert all(len(seconds) == 1 and seconds[0] > 0 for seconds in study.epochs.values())
     assert study.batches == 7 and all(mode in study.table() for mode in ch04.MODES)
-    assert "fastest" in study.verdict()
+    assert all(f"{mode} x" in study.finding() for mode in ch04.MODES[1:])
     assert len(study.plot("t").axes[0].patches) == 3 * len(ch04.MODES)
+
+
+def test_the_batch_size_study_times_every_mode_and_size_with_torch():
+    best = ch04.batch_size_study(FEATURES, LABELS, sizes=(4, 16), repeats=1)
+    assert set(best) == {(m, s) for m in (ch04.MODES[0], ch04.MODES[2]) for s in (4, 16)}
+    assert all(seconds > 0 for seconds in best.values())
+    table = ch04.batch_size_table(best, N)
+    assert ch04.MODES[0] in table and ch04.MODES[2] in table and "16" in table

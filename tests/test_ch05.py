@@ -141,3 +141,44 @@ def test_photo_study_times_a_fresh_start_per_count_and_keeps_a_batch_of_real_pix
     assert "JPEGs" in study.report() and "1 workers (" in study.verdict()
     with pytest.raises(ValueError, match="workers"):
         ch05.photo_study((1, 2), per_class=1, size=32, batch_size=4)
+
+
+def test_matching_lines_sets_each_steps_line_side_by_side_and_shows_a_missing_one():
+    def ours(queue):
+        item = queue.get()  # wait
+        return item
+
+    def theirs(queue):
+        got = queue.get(timeout=1)
+        return got
+
+    text = ch05.matching_lines(ours, theirs, {"wait": ("queue.get(", "queue.get("), "gone": ("nowhere", "return")})
+    assert text.splitlines() == ["wait  minidl: item = queue.get()", "      torch:  got = queue.get(timeout=1)",
+                                 "gone  minidl: (none)", "      torch:  return got"]
+
+
+def test_core_share_finding_says_what_workers_did_at_each_thread_count():
+    share = ch05.CoreShare(cores=2, batches=4, load_s=0.01, step_s={1: 0.02, 2: 0.012},
+                           seconds={(0, 1): 1.0, (2, 1): 0.5, (0, 2): 1.0, (2, 2): 1.3})
+    finding = share.finding().splitlines()
+    assert finding[0] == "fastest: 2 workers with the step on 1 thread, 500 ms"
+    assert "x2.00 over none: loading ran under the step" in finding[1]
+    assert "x0.77 over none: slower with workers" in finding[2]
+    share.seconds[2, 2] = 1.02
+    assert "no clear gain" in share.finding().splitlines()[2]
+    assert "step on 2 threads:  0 workers  1000 ms  2 workers  1020 ms" in share.table()
+
+
+@pytest.mark.timeout(300)
+def test_core_share_study_times_every_setting_and_restores_the_thread_count(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # a small photo set of its own
+    before = torch.get_num_threads()
+    share = ch05.core_share_study(workers=(0, 1), threads=(1, 2), per_class=1, limit=8, size=32, batch_size=4,
+                                  repeats=1)
+    assert torch.get_num_threads() == before
+    assert set(share.seconds) == {(w, t) for w in (0, 1) for t in (1, 2)} and set(share.step_s) == {1, 2}
+    assert share.batches == 2 and all(s > 0 for s in share.seconds.values())
+    with pytest.raises(ValueError, match="workers"):
+        ch05.core_share_study(workers=(1,), threads=(1,), per_class=1, limit=8, size=32, batch_size=4)

@@ -122,3 +122,31 @@ def test_summary_says_which_part_dominates():
     assert long_epoch.dominant == "the batches" and str(long_epoch).endswith(": the batches dominate")
     quicker_than_a_batch = StartupCost("thread", first_batch_s=0.005, per_batch_s=0.01, batches=3, batch_s=0.01)
     assert quicker_than_a_batch.startup_s == 0.0 and quicker_than_a_batch.dominant == "the batches"
+
+
+@pytest.mark.timeout(300)
+def test_start_method_costs_runs_a_script_and_counts_where_its_top_ran():
+    from minidl_course.startup import start_method_costs, start_table
+
+    (fork,) = start_method_costs(["fork"], workers=1, epochs=2)
+    assert fork.method == "fork" and fork.workers == 1 and fork.python.count(".") == 2
+    assert set(fork.waits) == {False, True} and all(len(w) == 2 and min(w) > 0 for w in fork.waits.values())
+    assert fork.top_runs == 0  # a forked worker is a copy: the script's top never runs again
+    assert "persistent_workers=True" in start_table([fork]) and "ran 0 times" in start_table([fork])
+    (off,) = start_method_costs(["fork"], workers=1, epochs=1, persistent=False)
+    assert set(off.waits) == {False} and len(off.waits[False]) == 1
+
+
+@pytest.mark.timeout(300)
+def test_a_spawned_worker_runs_the_scripts_top_again():
+    from minidl_course.startup import start_method_costs
+
+    (spawn,) = start_method_costs(["spawn"], workers=1, epochs=1, persistent=False)
+    assert spawn.top_runs == 1
+
+
+def test_start_method_costs_says_which_method_failed():
+    from minidl_course.startup import start_method_costs
+
+    with pytest.raises(RuntimeError, match="no-such-method"):
+        start_method_costs(["no-such-method"], workers=1, epochs=1)
