@@ -173,17 +173,20 @@ def plot_timeline(rows: list[dict], ax=None, title: str = "DataLoader timeline",
     lane_order = sorted({r["lane"] for r in rows}, key=lambda lane: (lane.startswith("worker"), lane), reverse=True)
     y = {lane: i for i, lane in enumerate(lane_order)}
     for event, colour in COLOURS.items():
-        bars = [((r["start"] - t0) * 1e3, (r["end"] - r["start"]) * 1e3, y[r["lane"]])
-                for r in rows if r["event"] == event]
-        for lane_y in {b[2] for b in bars}:
-            spans = [(x, w) for x, w, ly in bars if ly == lane_y]
-            inner = event in ("getitem", "reorder_block")  # drawn thinner, on top of the fetch or wait they sit in
-            height = 0.35 if inner else 0.7
-            ax.broken_barh(spans, (lane_y - height / 2, height), color=colour, label=event, zorder=3 if inner else 2)
-        for x, w, lane_y in bars:
-            if event in ("fetch", "wait") and w > 0:
-                batch = next(r["batch"] for r in rows if r["event"] == event and (r["start"] - t0) * 1e3 == x)
-                ax.text(x + w / 2, lane_y, str(batch), ha="center", va="center", fontsize=7, color="white")
+        bars_by_lane = defaultdict(list)  # lane's y -> (start ms, width ms, batch) of each bar
+        for r in rows:
+            if r["event"] == event:
+                bar = ((r["start"] - t0) * 1e3, (r["end"] - r["start"]) * 1e3, r.get("batch"))
+                bars_by_lane[y[r["lane"]]].append(bar)
+        inner = event in ("getitem", "reorder_block")  # drawn thinner, on top of the fetch or wait they sit in
+        height = 0.35 if inner else 0.7
+        for lane_y, bars in bars_by_lane.items():
+            ax.broken_barh([(x, w) for x, w, _ in bars], (lane_y - height / 2, height), color=colour, label=event,
+                           zorder=3 if inner else 2)
+            if event in ("fetch", "wait"):  # each bar carries its batch number, written on it
+                for x, w, batch in bars:
+                    if w > 0:
+                        ax.text(x + w / 2, lane_y, str(batch), ha="center", va="center", fontsize=7, color="white")
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))
     ax.legend(unique.values(), unique.keys(), loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)

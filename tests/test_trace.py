@@ -215,6 +215,23 @@ def test_timeline_plot_has_a_lane_per_worker():
     assert "time" in ax.get_xlabel() and "cores" in ax.get_title()
 
 
+def test_every_timeline_bar_is_labelled_with_its_own_batch():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from minidl.trace_analysis import plot_timeline
+
+    rows = [  # two workers start their batches at the same instant; the consumer then waits for batch 1
+        {"event": "fetch", "lane": "worker 0", "start": 1.0, "end": 1.01, "batch": 0},
+        {"event": "fetch", "lane": "worker 1", "start": 1.0, "end": 1.02, "batch": 1},
+        {"event": "wait", "lane": "consumer", "start": 1.005, "end": 1.02, "batch": 1},
+    ]
+    ax = plot_timeline(rows)
+    lanes = {round(tick): label.get_text() for tick, label in zip(ax.get_yticks(), ax.get_yticklabels())}
+    labels = sorted((lanes[round(t.get_position()[1])], t.get_text()) for t in ax.texts)
+    assert labels == [("consumer", "1"), ("worker 0", "0"), ("worker 1", "1")]
+
+
 class StampedBatch:
     """A collate_fn whose batch notes, when pickled, where and when its pickling ran (made to take 20 ms, as
     moving a batch's tensors into shared memory can). Unpickled, it is that note."""
