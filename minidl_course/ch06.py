@@ -1,15 +1,22 @@
-"""Notebook 06's worker deaths: torch's runs happen in a child interpreter, so a hang costs seconds, not the kernel.
+"""Notebook 06's killed workers: one demonstration, run the same way for both loaders, whose every ending is a result.
 
-torch 2.13 can hang when a worker is killed: now and then its iterator keeps waiting for a batch the dead
-worker held, while the surviving workers wait for work. ``torch_death`` and ``torch_after_death`` run torch's
-``DataLoader`` in ``python -m minidl_course.ch06 ...``; a watchdog thread there kills the child's whole process
-group (the child and its workers) once ``hang_s`` seconds pass with no batch and no error (the workers' start-up,
-seconds under ``spawn`` on a busy machine, gets ``STARTUP_S``), and the result says so. minidl's deaths run in
-this process through ``die``: its loader reports a dead worker by design.
+``after_death`` iterates ``DiesInWorker(20, bad_index=6, how=how)`` (10 batches of 2, worker 1 dies fetching
+sample 6) over 2 workers, calling ``next()`` until ``StopIteration`` or until ``MAX_ERRORS`` calls in a row
+have raised, and returns an ``Outcome``: each exception's type and first line, the batches had and lost, how
+many of the loader's worker processes still ran just after the first exception, whether it hung. Then it
+makes sure none of the processes it started is left running.
+
+What torch 2.13 does there is a race (notebook 06, section 6): its designed ``RuntimeError``, the signal
+handler's error alone, an error from the batch's file-descriptor hand-over (``ConnectionResetError``,
+``EOFError``), more batches lost than the dead worker held, or a hang. So torch runs in a child interpreter
+(``python -m minidl_course.ch06``): there a watchdog ends the child and its workers when no batch and no error
+has come for ``hang_s`` seconds, and the outcome says it hung; the child's process group is killed after it in
+any case. minidl runs in the calling process: its loader reports a dead worker the same way every time.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -18,7 +25,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+import psutil
 
 from minidl_course.crash import DiesInWorker
 from minidl_course.pitfalls import run_child as run_child_process
@@ -27,30 +37,13 @@ TORCH_OUTER = "DataLoader worker (pid(s) <pid>) exited unexpectedly"  # torch 2.
 # The words of torch's signal handler for one dead worker (its C++ message, which the outer one wraps as the cause).
 TORCH_HANDLER = ("DataLoader worker (pid <pid>) is killed by signal: ",
                  "DataLoader worker (pid <pid>) exited unexpectedly with exit code ")
+SAMPLES, BAD_INDEX, BATCH_SIZE, NUM_WORKERS = 20, 6, 2, 2  # batch 3 (samples 6 and 7) is worker 1's
+FIRSTS = list(range(0, SAMPLES, BATCH_SIZE))  # each batch named by its first sample
+MAX_ERRORS = 4  # next() calls in a row that raise before the demonstration stops asking (minidl raises on each)
 HANG_S = 20.0  # seconds with no batch and no error: far above torch's 5 s status check
 STARTUP_S = 120.0  # for the child to import torch and start its workers, before the first batch
-
-
-def die(loader_cls: Any, how: str, context: str | None = None,
-        on_batch: Callable[[], None] | None = None) -> tuple[BaseException, list, float]:
-    """Iterate ``DiesInWorker(20, bad_index=6, how=how)`` in batches of 2 over 2 workers until the loader raises.
-
-    Returns the exception, the batches before it (how many depends on timing) and the seconds from the first
-    batch (the workers are up by then; a spawned one takes seconds to start) to the exception. ``on_batch`` is
-    called after each batch (the child's watchdog counts from there).
-    """
-    received, start = [], time.perf_counter()
-    try:
-        for batch in loader_cls(DiesInWorker(20, bad_index=6, how=how), batch_size=2, num_workers=2,
-                                multiprocessing_context=context):
-            if not received:
-                start = time.perf_counter()
-            received.append(batch.tolist())
-            if on_batch is not None:
-                on_batch()
-    except Exception as error:  # noqa: BLE001 -- which exception escapes is what the lesson looks at
-        return error, received, time.perf_counter() - start
-    raise AssertionError("the worker did not die")
+GRACE_S = 10.0  # for the loader's workers to exit once its iterator is gone, before they are killed
+HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver", "torch_shm_manager")  # kept for life
 
 
 def no_pids(text: object) -> str:
@@ -62,28 +55,250 @@ def no_pids(text: object) -> str:
     return re.sub(r"pid(\(s\))? \d+(, \d+)*", lambda m: f"pid{m.group(1) or ''} <pid>", str(text))
 
 
+def first_line(error: BaseException | None) -> str | None:
+    """``"Type: first line of the message"``, pids hidden; None for None.
+
+    >>> first_line(KeyError("bad sample 5")), first_line(ConnectionResetError(104, "Connection reset by peer"))
+    ("KeyError: 'bad sample 5'", 'ConnectionResetError: [Errno 104] Connection reset by peer')
+    """
+    if error is None:
+        return None
+    lines = no_pids(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
 def as_designed(error: BaseException) -> bool:
     """torch's designed report: the wait loop caught the SIGCHLD handler's RuntimeError and raised its own from it."""
     return isinstance(error, RuntimeError) and isinstance(error.__cause__, RuntimeError)
 
 
-# --- the parent's side -----------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """What one loader did after one of its workers died, as ``after_death`` saw it."""
+
+    library: str
+    how: str
+    had: list[int] = field(default_factory=list)  # the batches received, in order, each by its first sample
+    errors: list[str] = field(default_factory=list)  # each exception next() raised: "Type: first line"
+    cause: str | None = None  # the first exception's cause, "Type: first line", if it had one
+    took: float | None = None  # seconds from the first batch to the first exception
+    had_before: int | None = None  # batches received before the first exception
+    workers_left: int | None = None  # the loader's worker processes still running just after the first exception
+    ended: str = ""  # "StopIteration", "raised on every next()", or "hung"
+    killed: int = 0  # processes of the loader still running afterwards, which the demonstration killed
+
+    @property
+    def hung(self) -> bool:
+        return self.ended == "hung"
+
+    @property
+    def noticed(self) -> str:
+        """How long after the first batch the first exception came, in words."""
+        return "no exception" if self.took is None else f"{self.took:.2f} s"
+
+    @property
+    def lost(self) -> list[int]:
+        """The batches that never came, each by its first sample."""
+        return [first for first in FIRSTS if first not in self.had]
+
+    @property
+    def kind(self) -> str:
+        """The outcome in a few words, pids, timings and batch counts before the error aside: what is counted.
+
+        >>> Outcome("torch", "sigkill", had=[0, 2, 4, 8], errors=["RuntimeError: x"], ended="StopIteration").kind
+        'RuntimeError, then StopIteration, 6 batches lost'
+        >>> Outcome("minidl", "exit", errors=["RuntimeError: x"] * 4, cause="RuntimeError: x",
+        ...         ended="raised on every next()").kind
+        'RuntimeError, then raised on every next()'
+        """
+        error = self.errors[0].split(":")[0] if self.errors else "no exception"
+        if self.cause and self.cause != self.errors[0]:
+            error += f" from {self.cause.split(':')[0]}"
+        if len(set(self.errors)) > 1:
+            error += " and " + ", ".join(dict.fromkeys(e.split(":")[0] for e in self.errors[1:]))
+        lost = f", {_batches(len(self.lost))} lost" if self.ended == "StopIteration" else ""
+        return f"{error}, then {self.ended}{lost}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "lost": self.lost, "kind": self.kind}
+
+    def __str__(self) -> str:
+        lines = [f'{self.library}, how="{self.how}": ' + (
+            f"after {_batches(self.had_before)} next() raised {self.errors[0]}" if self.errors
+            else f"no exception in {_batches(len(self.had))}")]
+        if self.cause and self.cause != self.errors[0]:
+            lines.append(f"    caused by {self.cause}")
+        if self.errors:
+            lines.append(f"    {self.took:.2f} s after the first batch; worker processes still running just after: "
+                         f"{self.workers_left}")
+        if self.hung:
+            lines.append(f"    then no batch and no error for {HANG_S:g} s: it hung, and the watchdog killed the child "
+                         "interpreter and its workers")
+        elif self.ended == "StopIteration":
+            lines.append(f"    then next() went on to StopIteration ({len(self.errors)} exception"
+                         f"{'s' * (len(self.errors) != 1)} in all)")
+        else:
+            lines.append(f"    then each of {len(self.errors) - 1} more next() calls raised "
+                         + ("the same again" if len(set(self.errors)) == 1 else "; ".join(self.errors[1:])))
+        lost = ", ".join(map(str, self.lost)) or "none"
+        lines.append(f"    batches had: {len(self.had)} of {len(FIRSTS)}; lost (by first sample): {lost}")
+        if self.killed:
+            lines.append(f"    {self.killed} of its processes still ran afterwards: killed")
+        return "\n".join(lines)
+
+
+def _batches(n: int) -> str:
+    return f"{n} batch" + "es" * (n != 1)
+
+
+# --- the demonstration, run where the loader runs (the notebook's process for minidl, a child for torch) ------
+
+
+def _new_processes(before: set[int]) -> list[psutil.Process]:
+    """This process's live descendants not in ``before``, long-lived helpers aside: a loader's workers."""
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.pid in before or proc.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any(helper in " ".join(proc.cmdline()) for helper in HELPERS):
+                continue
+            found.append(proc)
+        except psutil.Error:
+            continue  # gone while we looked
+    return found
+
+
+def after_death(loader_cls: Any, how: str, context: str | None, library: str,
+                on_event: Callable[[dict], None] = lambda event: None) -> Outcome:
+    """Kill worker 1 (``how``: ``"sigkill"`` or ``"exit"``), call ``next()`` to the end, and say what came.
+
+    Every exception is recorded, whether ``next()`` raised it or a ``SIGCHLD`` handler raised it between two
+    lines of this function (both loaders' handlers raise wherever the main thread is). ``on_event`` gets each
+    step as a dict (the child passes it on to the parent, and re-arms its watchdog). Afterwards any of the
+    loader's processes still running after ``GRACE_S`` is killed, and counted in ``killed``.
+    """
+    outcome = Outcome(library, how)
+    before = {proc.pid for proc in psutil.Process().children(recursive=True)}
+    started = [None]  # when the first batch came
+
+    def record_error(error: BaseException) -> None:
+        if not outcome.errors:
+            outcome.had_before = len(outcome.had)
+            outcome.cause = first_line(error.__cause__)
+            outcome.took = time.perf_counter() - (started[0] or time.perf_counter())
+            outcome.workers_left = len(_new_processes(before))
+        outcome.errors.append(first_line(error))
+        on_event({"error": outcome.errors[-1], "cause": outcome.cause, "took": outcome.took,
+                  "alive": outcome.workers_left, "had_before": outcome.had_before})
+
+    def drive(it) -> str:
+        while in_a_row[0] < MAX_ERRORS:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return "StopIteration"
+            except Exception as error:  # noqa: BLE001 -- whatever escapes is the lesson; next() is called again
+                in_a_row[0] += 1
+                record_error(error)
+                continue
+            in_a_row[0] = 0
+            started[0] = started[0] or time.perf_counter()
+            outcome.had.append(int(batch[0]))
+            on_event({"batch": outcome.had[-1]})
+        return "raised on every next()"
+
+    in_a_row = [0]  # next() calls in a row that raised
+    it = iter(loader_cls(DiesInWorker(SAMPLES, bad_index=BAD_INDEX, how=how), batch_size=BATCH_SIZE,
+                         num_workers=NUM_WORKERS, multiprocessing_context=context))
+    while not outcome.ended:
+        try:
+            outcome.ended = drive(it)
+        except Exception as late:  # noqa: BLE001 -- a SIGCHLD handler raised between two lines above, not in next()
+            in_a_row[0] += 1
+            record_error(late)
+    del it
+    gc.collect()
+    outcome.killed = _clean_up(before)
+    return outcome
+
+
+def _clean_up(before: set[int]) -> int:
+    """Wait up to ``GRACE_S`` for the processes started since ``before`` to exit; kill the rest; how many."""
+    deadline = time.monotonic() + GRACE_S
+    while (left := _new_processes(before)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for proc in left:
+        try:
+            proc.kill()
+            proc.wait(5)
+        except psutil.Error:
+            continue
+    return len(left)
+
+
+def minidl_after_death(how: str, context: str | None) -> Outcome:
+    """``after_death`` with minidl's DataLoader, in this process."""
+    import minidl
+
+    return after_death(minidl.DataLoader, how, context, "minidl")
+
+
+# --- torch's, in a child interpreter ---------------------------------------------------------------------
+
+
+def torch_after_death(context: str, hows: tuple[str, ...] = ("sigkill", "exit"), hang_s: float = HANG_S,
+                      startup_s: float = STARTUP_S) -> dict[str, Outcome]:
+    """``after_death`` with torch's DataLoader for each of ``hows``, in a child interpreter: ``{how: Outcome}``.
+
+    A child that hangs is killed with its workers by its watchdog; that outcome says so, and a new child runs
+    the ``hows`` still to come.
+    """
+    outcomes: dict[str, Outcome] = {}
+    while len(outcomes) < len(hows):
+        todo = [how for how in hows if how not in outcomes]
+        run = run_child(["after", context, *todo], hang_s=hang_s, startup_s=startup_s)
+        for how in todo:
+            events = [line for line in run["lines"] if line.get("how") == how]
+            finished = next((event["outcome"] for event in events if "outcome" in event), None)
+            if finished is not None:
+                outcomes[how] = Outcome(**finished)
+                continue
+            if not run["hung"]:
+                raise RuntimeError(f"python -m minidl_course.ch06 after {context} {' '.join(todo)} stopped before "
+                                   f"{how} ({run['returncode']}): {run['stderr'][-2000:]}")
+            outcomes[how] = _hung(how, events)  # the one the watchdog stopped; a new child runs the rest
+            break
+    return {how: outcomes[how] for how in hows}
+
+
+def _hung(how: str, events: list[dict]) -> Outcome:
+    """torch's outcome put together from the events a child printed before its watchdog killed it."""
+    outcome = Outcome("torch", how, ended="hung")
+    for event in events:
+        if "batch" in event:
+            outcome.had.append(event["batch"])
+        elif "error" in event:
+            if not outcome.errors:
+                outcome.cause, outcome.took, outcome.workers_left = event["cause"], event["took"], event["alive"]
+                outcome.had_before = event["had_before"]
+            outcome.errors.append(event["error"])
+    return outcome
 
 
 def run_child(args: list[str], hang_s: float = HANG_S, startup_s: float = STARTUP_S) -> dict:
     """Run ``python -m minidl_course.ch06 *args`` under the child's watchdog; return what it printed.
 
-    The watchdog allows ``startup_s`` to the first batch, then ``hang_s`` from each batch to the next event.
+    The watchdog allows ``startup_s`` to the first batch, then ``hang_s`` from each event to the next.
     ``lines``: every JSON line it printed, in order (a hung child's last one is ``{"hung": seconds}``);
     ``hung``: whether the watchdog (or, failing it, this call's own timeout) stopped it; a child that fails
-    otherwise raises ``RuntimeError`` with its stderr;
-    ``pid``: the child's, which is also its process group's id.
+    otherwise raises ``RuntimeError`` with its stderr; ``pid``: the child's, which is also its process group's id.
     The child runs through ``pitfalls.run_child``, which kills whatever is left of its process group afterwards,
     so no worker outlives the call.
     """
     # The child's own watchdog ends it first; this timeout allows for the interpreter's start before the watchdog's.
-    run = run_child_process([*args, str(hang_s), str(startup_s)], timeout=60 + startup_s + 2 * hang_s,
-                            module="minidl_course.ch06")
+    run = run_child_process([args[0], str(hang_s), str(startup_s), *args[1:]],
+                            timeout=60 + startup_s + 4 * hang_s, module="minidl_course.ch06")
     lines = [json.loads(line) for line in run["stdout"].splitlines() if line.startswith("{")]
     hung = run["timed_out"] or bool(lines) and "hung" in lines[-1]
     if not hung and (run["returncode"] != 0 or not lines):  # a broken child is a bug here, not torch's race
@@ -91,38 +306,6 @@ def run_child(args: list[str], hang_s: float = HANG_S, startup_s: float = STARTU
                            f"{run['stderr'][-2000:]}")
     return {"lines": lines, "hung": hung, "pid": run["pid"], "returncode": run["returncode"],
             "stderr": run["stderr"][-2000:]}
-
-
-def torch_death(how: str, context: str, tries: int = 10, hang_s: float = HANG_S) -> dict:
-    """Kill a worker of torch's DataLoader (``how``: ``"sigkill"`` or ``"exit"``) until torch reports it as designed.
-
-    Each try runs in a child interpreter (``run_child``). torch sometimes loses a race and another exception
-    escapes, or hangs: such a try is counted in ``others`` (its exception's type and message, or ``"hung"``)
-    and the next one starts. ``designed``: the report (type, message, cause, seconds), or None if none came.
-    """
-    others = []
-    for _ in range(tries):
-        run = run_child(["death", how, context], hang_s=hang_s)
-        if run["hung"]:
-            others.append({"type": "hung", "message": f"no answer in {hang_s:g} s: child and workers killed"})
-            continue
-        result = run["lines"][-1]
-        if result["as_designed"]:
-            return {"designed": result, "others": others}
-        others.append(result)
-    return {"designed": None, "others": others}
-
-
-def torch_after_death(context: str, hang_s: float = HANG_S) -> dict:
-    """Call ``next()`` on torch's iterator until ``StopIteration`` after worker 1 is SIGKILLed, in a child.
-
-    ``got``: each batch's first sample, or the exception's type name; ``alive_after_error``: how many of
-    torch's workers still ran just after the first exception; ``hung``: whether the watchdog had to stop it.
-    """
-    run = run_child(["after", "sigkill", context], hang_s=hang_s)
-    got = [line["got"] for line in run["lines"] if "got" in line]
-    alive = [line["alive"] for line in run["lines"] if "alive" in line]
-    return {"got": got, "alive_after_error": alive[0] if alive else None, "hung": run["hung"]}
 
 
 # --- the child's side --------------------------------------------------------------------------------------
@@ -135,16 +318,16 @@ def _emit(**fields: Any) -> None:
 class _Watchdog:
     """Kills this process group, saying so first, when the deadline passes: a hung torch iterator ends here.
 
-    The first deadline is ``startup_s`` away; ``rearm()`` (after each batch) moves it ``hang_s`` from now.
+    The first deadline is ``startup_s`` away; ``rearm()`` (after each event) moves it ``hang_s`` from now.
     """
 
     def __init__(self, hang_s: float, startup_s: float) -> None:
-        self.hang_s = hang_s
+        self.hang_s, self.startup_s = hang_s, startup_s
         self.deadline = time.monotonic() + startup_s
         threading.Thread(target=self._watch, daemon=True).start()
 
-    def rearm(self) -> None:
-        self.deadline = time.monotonic() + self.hang_s
+    def rearm(self, startup: bool = False) -> None:
+        self.deadline = time.monotonic() + (self.startup_s if startup else self.hang_s)
 
     def _watch(self) -> None:
         while time.monotonic() < self.deadline:
@@ -153,36 +336,25 @@ class _Watchdog:
         os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-def _child_death(how: str, context: str, watchdog: _Watchdog) -> None:
+def _child_after(context: str, hows: list[str], watchdog: _Watchdog) -> None:
     import torch.utils.data as tud
 
-    error, _received, took = die(tud.DataLoader, how, context, on_batch=watchdog.rearm)
-    cause = error.__cause__
-    _emit(type=type(error).__name__, message=no_pids(error), as_designed=as_designed(error), took=took,
-          cause_type=type(cause).__name__ if cause else None, cause=no_pids(cause) if cause else None)
+    for how in hows:
+        watchdog.rearm(startup=True)  # each demonstration starts its own workers
 
-
-def _child_after(how: str, context: str, watchdog: _Watchdog) -> None:
-    import torch.utils.data as tud
-
-    it = iter(tud.DataLoader(DiesInWorker(20, bad_index=6, how=how), batch_size=2, num_workers=2,
-                             multiprocessing_context=context))
-    first_error = True
-    while True:
-        try:
-            _emit(got=next(it)[0].item())
+        def on_event(event: dict, how: str = how) -> None:
+            _emit(how=how, **event)
             watchdog.rearm()
-        except StopIteration:
-            break
-        except Exception as error:  # noqa: BLE001 -- whatever escapes is noted, then next() is called again
-            _emit(got=type(error).__name__)
-            watchdog.rearm()
-            if first_error:
-                _emit(alive=sum(w.is_alive() for w in it._workers))
-                first_error = False
-    del it
+
+        outcome = asdict(after_death(tud.DataLoader, how, context, "torch", on_event))
+        for _ in range(3):  # a late SIGCHLD handler's error would interrupt the print: print it again
+            try:
+                _emit(how=how, outcome=outcome)
+                break
+            except Exception:  # noqa: BLE001, S112
+                continue
 
 
 if __name__ == "__main__":
-    command, how, context, hang, startup = sys.argv[1:6]
-    {"death": _child_death, "after": _child_after}[command](how, context, _Watchdog(float(hang), float(startup)))
+    command, hang, startup, context, *hows = sys.argv[1:]
+    {"after": _child_after}[command](context, hows, _Watchdog(float(hang), float(startup)))

@@ -2,7 +2,11 @@
 reference answer and rejects typical wrong answers with the hint that names the mistake.
 """
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import ch06_seeding_recipes as recipes
 import numpy as np
@@ -127,6 +131,15 @@ def seeds_from_the_os(worker_id):
     torch.utils.data.get_worker_info().dataset.rng = np.random.default_rng()
 
 
+def seeds_from_the_pid(worker_id):  # workers differ, but no run repeats: the pids change
+    torch.utils.data.get_worker_info().dataset.rng = np.random.default_rng(os.getpid())
+
+
+def takes_info_rngs_numpy_generator(worker_id):  # minidl's thread workers' container; None in a process worker
+    info = torch.utils.data.get_worker_info()
+    info.dataset.rng = info.rng.numpy_generator
+
+
 def minidls_info_for_seeding(worker_id):
     info = minidl.get_worker_info()
     info.dataset.rng = np.random.default_rng(info.seed)
@@ -137,8 +150,11 @@ def minidls_info_for_seeding(worker_id):
     (toy.seed_numpy_from_worker, r"called toy.seed_numpy_from_worker.*reseeds NumPy's global stream"),
     (does_nothing, r"still draws .* as it did before your worker_init_fn.*reseed the worker's own copy"),
     (reseeds_numpys_global, r"still draws.*you reseeded NumPy's global stream.*dataset.rng"),
-    (seeds_from_worker_id, r"worker 0 in two epochs.*not from worker_id alone"),
+    (seeds_from_worker_id, r"info.seed=1234, and the same with info.seed=2234.*worker_id alone repeats every epoch"),
     (seeds_from_the_os, r"called twice with the same info.seed.*not from the clock or the OS"),
+    (seeds_from_the_pid, r"do not follow info.seed.*the process id or the clock changes from run to run"),
+    (takes_info_rngs_numpy_generator, r"read get_worker_info\(\).rng and raised AttributeError.*info.rng is None in a "
+                                      r"process worker"),
     (minidls_info_for_seeding, r"'NoneType' object has no attribute.*call torch.utils.data.get_worker_info\(\)"),
 ])
 def test_check_worker_seeding_rejects_a_wrong_fix_and_says_why(wrong, message):
@@ -202,3 +218,48 @@ def test_call_as_worker_seeds_torch_numpy_and_random_as_a_worker_and_puts_them_b
     assert [s[0] for s in seen] == [100, 101]
     assert seen[0][1] != seen[1][1] and seen[0][2] != seen[1][2]
     assert (torch.initial_seed(), np.random.get_state()[1][:4].tolist(), random.getstate()) == before
+
+
+# --- a function defined in a notebook cell: refused only where the learner's workers could not import it ---------
+
+CELL_FUNCTIONS = {
+    "check_worker_seeding": """
+        def answer(worker_id):
+            info = torch.utils.data.get_worker_info()
+            info.dataset.rng = np.random.default_rng(info.seed)
+    """,
+    "check_worker_init_fn": """
+        def answer(worker_id):
+            info = torch.utils.data.get_worker_info()
+            ds = info.dataset
+            per = -(-(ds.end - ds.start) // info.num_workers)
+            ds.start, ds.end = min(ds.start + worker_id * per, ds.end), min(ds.start + (worker_id + 1) * per, ds.end)
+    """,
+}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("checker", sorted(CELL_FUNCTIONS))
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_function_defined_in_a_notebook_cell_is_refused_only_off_fork(checker, method):
+    # python -c runs the code as __main__ without a __file__, as a notebook's kernel does
+    script = textwrap.dedent(f"""
+        import multiprocessing
+        multiprocessing.set_start_method({method!r}, force=True)
+        import numpy as np
+        import torch.utils.data
+        from minidl_course.exercises import {checker}
+    """) + textwrap.dedent(CELL_FUNCTIONS[checker]) + textwrap.dedent(f"""
+        try:
+            {checker}(answer)
+        except AssertionError as refused:
+            print(refused)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=280)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if method == "fork":
+        assert re.fullmatch(r"All \d+ checks passed\n", done.stdout), done.stdout
+    else:
+        assert "'answer', defined in this notebook" in done.stdout, done.stdout
+        assert "workers started with spawn can't import a function defined in a notebook cell" in done.stdout

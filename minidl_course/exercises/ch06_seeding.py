@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import multiprocessing
 from collections.abc import Callable
+from itertools import product
 
 import numpy as np
 
@@ -38,22 +40,33 @@ class AugmentedDataset(Dataset):
 SEED_NUMPY = "toy.seed_numpy_from_worker reseeds NumPy's global stream, for a dataset that draws from it. "
 DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: give the dataset a generator of its own, "
              "seeded from info.seed.")
+RNG_IS_NONE = " (info.rng is None in a process worker, as in torch; minidl fills it in for thread workers only)"
+NO_RUN_REPEATS = ("seed from info.seed: a seed from worker_id alone repeats every epoch, and one from the process id "
+                  "or the clock changes from run to run, so no run could be repeated.")
 
 
 def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) -> tuple[list[float], SeenInfo, bool]:
     """``worker_init_fn`` run as a worker: its dataset's draws, the info it read, if NumPy's global stream moved."""
     from minidl_course import toy
     dataset = AugmentedDataset(8)
-    info = SeenInfo(worker_id, num_workers, seed, dataset, rng=object())  # reading info.rng is noted: the loader's fix
+    info = SeenInfo(worker_id, num_workers, seed, dataset)  # rng=None, as a process worker's; reading it is noted
+
+    def explain(error: Exception) -> None:
+        if "rng" in info.read:
+            checks.fail(case, f"your worker_init_fn read get_worker_info().rng and raised {type(error).__name__}: "
+                        f"{''.join(str(error).splitlines()[-1:])}", DELEGATED.format("used info.rng") + RNG_IS_NONE)
+        none_info(checks, case)(error)
+
     with as_worker(info):
         seeded = np.random.get_state()
         checks.watched({"called toy.seed_numpy_from_worker": (toy.seed_numpy_from_worker,)}, case,
                        "your worker_init_fn {0}", SEED_NUMPY + DELEGATED.format("leans on it instead of reseeding "
                        "the dataset's own generator"), worker_init_fn, worker_id, what="worker_init_fn",
-                       explain=none_info(checks, case))
+                       explain=explain)
         after = np.random.get_state()
     if "rng" in info.read:
-        checks.fail(case, "your worker_init_fn read get_worker_info().rng", DELEGATED.format("used info.rng"))
+        checks.fail(case, "your worker_init_fn read get_worker_info().rng", DELEGATED.format("used info.rng")
+                    + RNG_IS_NONE)
     return [dataset[0][1] for _ in range(4)], info, not all(map(np.array_equal, seeded, after))
 
 
@@ -81,27 +94,36 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
                                  f"{got[:2]}... and then {again[:2]}...", "seed from info.seed, not from the clock or "
                                  "the OS, so that a run can be repeated."))
             draws.append(got)
+            if worker_id == 0:  # another seed for the same worker: another epoch, or another run
+                other = _as_worker_of(worker_init_fn, 0, num_workers, seed + 1000, where, checks)[0]
+                checks.first(where, (other == got, f"worker 0 drew {got[:2]}... with info.seed={seed}, and the same "
+                                     f"with info.seed={seed + 1000}: your draws do not follow info.seed",
+                                     NO_RUN_REPEATS))
             checks.passed += 1
         checks.first(case, *((True, f"workers 0 and {k} draw the same numbers: {draws[0][:2]}...", "make the seed "
                               "depend on the worker, as info.seed does.") for k in range(1, num_workers)
                              if draws[k] == draws[0]))
-    next_epoch = _as_worker_of(worker_init_fn, 0, 2, 555, "worker 0 of another epoch (info.seed=555)", checks)[0]
-    first_epoch = _as_worker_of(worker_init_fn, 0, 2, 1234, "worker 0 (info.seed=1234)", checks)[0]
-    checks.first("worker 0 in two epochs (info.seed 1234, then 555)", (next_epoch == first_epoch, "worker 0 draws "
-                 f"{first_epoch[:2]}... in both", "derive the seed from info.seed, new each epoch, not from worker_id "
-                 "alone, or every epoch repeats the same augmentations."))
-    checks.passed += 1
-    for name, loader_cls in _loaders():
-        case = f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=yours)"
+    if (method := multiprocessing.get_start_method()) != "fork":
+        checks.refuse_cell_function(worker_init_fn, f"workers started with {method} can't import a function defined "
+                                    "in a notebook cell", "write it into the module file (the %%writefile cell) and "
+                                    "import it from there.")
+    for (name, loader_cls), persistent in product(_loaders(), (False, True)):
+        # persistent_workers=True: each worker is started and seeded once, so info.seed stays the same every epoch;
+        # worker_init_fn runs once too, and the generator it made carries on into the next epoch.
+        case = (f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, persistent_workers={persistent}, "
+                "worker_init_fn=yours)")
         with in_loader(case, checks):
             loaders = [loader_cls(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=worker_init_fn,
-                                  generator=_torch().Generator().manual_seed(7)) for _ in range(2)]  # two runs
+                                  persistent_workers=persistent, generator=_torch().Generator().manual_seed(7))
+                       for _ in range(2)]  # two runs
             (first, second), again = [[[float(x) for _, d in ld for x in d] for _ in range(2)] for ld in loaders]
+            del loaders  # persistent workers stop with their loader
         repeated = next((x for x in first if first.count(x) > 1), 0.0)
         checks.first(case, (first.count(repeated) > 1, f"the draw {repeated:.6f} came {first.count(repeated)} times "
                             "in one epoch", "give each worker a generator of its own, seeded from info.seed."),
                      (set(first) & set(second), "the second epoch repeated draws of the first",
-                      "derive the seed from info.seed, which changes every epoch."),
+                      "seed the generator in worker_init_fn, from info.seed: without persistent workers it changes "
+                      "every epoch; with them worker_init_fn runs once and the generator carries on."),
                      ([first, second] != again, "two runs with generator=torch.Generator().manual_seed(7) drew "
                       "different numbers", "seed from info.seed only, so that the loader's generator decides all."))
         checks.passed += 1
