@@ -307,6 +307,18 @@ def test_a_batch_that_cannot_be_pickled_raises_in_the_main_process():
         next(iter(loader))
 
 
+def test_a_pickling_error_names_the_worker_it_was_given_whatever_its_lane_is_called():
+    import queue
+
+    from minidl.trace import Recorder, _TracedResultQueue
+
+    results = queue.Queue()
+    traced = _TracedResultQueue(results, Recorder("a lane named otherwise"), worker_id=12, pickles=True)
+    traced.put((0, unpicklable_batch([])))
+    _, wrapper = results.get_nowait()
+    with pytest.raises(TypeError, match=r"^Caught TypeError in DataLoader worker process 12, pickling batch 0 "):
+        wrapper.reraise()
+
 @pytest.mark.measures
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_the_time_between_two_epochs_is_no_consumer_span(num_workers):
