@@ -309,7 +309,7 @@ def _worker_loop(
             if r is None:  # the sentinel: the loader shuts down, or needs this worker no more
                 if done_event.is_set() or iteration_end:
                     break
-                raise AssertionError("a worker got the sentinel while it still had work")
+                raise AssertionError("Received final signal but neither done_event nor iteration_end is set")
             if done_event.is_set() or iteration_end:
                 continue  # drain the queue without working until the sentinel arrives
             idx, index = r

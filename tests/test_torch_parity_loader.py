@@ -6,6 +6,7 @@ Each test runs the same thing through ``torch.utils.data`` and ``minidl`` and co
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import random
 import warnings
 
@@ -18,6 +19,7 @@ from loadertools import TorchShardedRange  # noqa: E402
 from torch.utils.data._utils import worker as torch_worker  # noqa: E402
 
 import minidl  # noqa: E402
+import minidl.fetch  # noqa: E402
 from minidl import worker  # noqa: E402
 from minidl_course import toy  # noqa: E402
 
@@ -168,6 +170,32 @@ def test_an_exception_built_only_from_keyword_message_keeps_its_type(num_workers
     assert ours[0] is theirs[0] is toy.KeywordOnlyError
     if num_workers:
         assert "Caught KeywordOnlyError in DataLoader worker process 0" in ours[1] and "bad sample 3" in ours[1]
+
+
+def _report_the_loops_assertion(loop, report) -> None:
+    """Run a worker loop, in a child process, on a sentinel sent while it still had work; report what it raised."""
+    index_queue, data_queue, done_event = multiprocessing.Queue(), multiprocessing.Queue(), multiprocessing.Event()
+    index_queue.put(None)  # the sentinel, with neither done_event set nor the dataset exhausted
+    try:
+        loop(minidl.fetch._DatasetKind.Map, range(4), index_queue, data_queue, done_event, False, _as_is, False, 0,
+             None, 0, 1, False, None)
+    except AssertionError as e:
+        report.put(str(e))
+    else:
+        report.put(None)
+
+
+@pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="each loop runs in a forked child")
+def test_a_worker_given_the_sentinel_while_it_has_work_raises_torchs_assertion():
+    context = multiprocessing.get_context("fork")
+    said = []
+    for loop in (torch_worker._worker_loop, worker._worker_loop):
+        report = context.Queue()
+        child = context.Process(target=_report_the_loops_assertion, args=(loop, report))
+        child.start()
+        said.append(report.get(timeout=30))
+        child.join(timeout=30)
+    assert said[0] == said[1] == "Received final signal but neither done_event nor iteration_end is set"
 
 
 def test_dataloader_is_subscriptable_as_in_torch():
