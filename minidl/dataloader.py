@@ -409,9 +409,10 @@ class DataLoader(Generic[_T_co]):
         cores = process_cpu_count()
         if self.num_workers > cores:
             kind = "threads" if self.worker_method == "thread" else "processes"  # thread workers: named as such
+            cpuset = "" if hasattr(os, "sched_getaffinity") else " (`cpuset` is not taken into account)"  # a Mac
             warnings.warn(
                 f"This DataLoader will create {self.num_workers} worker {kind} in total. Our suggested "
-                f"max number of worker in current system is {cores}, which is smaller than what this "
+                f"max number of worker in current system is {cores}{cpuset}, which is smaller than what this "
                 "DataLoader is going to create. Please be aware that excessive worker creation might get "
                 "DataLoader running slow or even freeze, lower the worker number to avoid potential "
                 "slowness/freeze if necessary.",

@@ -258,3 +258,20 @@ def test_pin_memory_device_warns_as_deprecated_like_torch(num_workers):
 
     assert warnings_of(minidl) == warnings_of(tud)
     assert any("pin_memory_device is deprecated" in m for m in warnings_of(minidl))
+
+
+@pytest.mark.parametrize("affinity", ["counted", "unknown, as on a Mac"])
+def test_too_many_workers_warn_in_torchs_words(affinity, monkeypatch):
+    import os
+
+    if affinity != "counted":  # a Mac's os module: no affinity mask to count, only os.cpu_count()
+        monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+        monkeypatch.delattr(os, "process_cpu_count", raising=False)
+
+    def message(module):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            module.DataLoader(range(4), num_workers=1000)
+        return [str(w.message) for w in caught]
+
+    assert message(minidl) == message(tud) and len(message(tud)) == 1
