@@ -46,10 +46,10 @@ from minidl_course.exercises import ch11_vectorise_or_workers as ch11
 from minidl_course.exercises import ch12_pitfalls_debug as ch12
 from minidl_course.exercises._common import Tripwire, refuse_reference
 from minidl_course.exercises._measure import (
-    agrees,
     as_number,
     close,
     interleaved,
+    latest_medians,
     measure_then_judge,
     median_ratio,
     off_the_clock,
@@ -185,11 +185,11 @@ def test_as_number_and_close():
     assert close(1.2, 1.0, 1.3) and close(1.0, 1.2, 1.3) and not close(1.4, 1.0, 1.3) and not close(-1, 1, 2)
 
 
-def test_positive_numbers_typed_agrees_and_off_the_clock():
+def test_positive_numbers_typed_latest_medians_and_off_the_clock():
     assert [positive_numbers(g) for g in ((1, 2.5), [1, -1], 3)] == [[1.0, 2.5], None, None]
     assert positive_numbers([1], count=2) is None
     assert [typed(v) for v in (1.9, 2.0, 1.8834521977, 0.6 / 0.31)] == [True, True, False, False]
-    assert not agrees(1.3, [0.95, 0.97, 0.96], 1.3) and agrees(1.3, [0.95, 1.05, 1.4], 1.3)
+    assert latest_medians([5.0, 1.0, 2.0, 3.0]) == [2.0, 2.5] and latest_medians([4.0], 2) == [4.0]
     # the learner's times against the checker's last len(yours): None when all agree, else the first that doesn't
     assert off_the_clock([0.10, 0.21], [0.5, 0.1, 0.2]) is None
     assert off_the_clock([0.1, 0.1], [0.1, 0.3]) == 1 and off_the_clock([1.0], []) == 0

@@ -97,6 +97,12 @@ def off_the_clock(yours: Sequence[float], ours: Sequence[float], factor: float =
     return None
 
 
+def latest_medians(figures: Sequence[float], least: int = 3) -> list[float]:
+    """The medians of the latest ``least`` or more of ``figures`` (all of them, if fewer): what a learner's cell may
+    have reported of the figures the checker logged as it ran."""
+    return [statistics.median(figures[-k:]) for k in range(min(least, len(figures)) or 1, len(figures) + 1)]
+
+
 def median_ratio(times: Mapping[str, list[float]], numerator: str, denominator: str) -> float:
     """The median over rounds of ``times[numerator][r] / times[denominator][r]``."""
     return statistics.median(n / d for n, d in zip(times[numerator], times[denominator]))
@@ -172,9 +178,3 @@ def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:
 def unless_close(measure: Callable[[], M], reported: Any, figure: Callable[[M], float], factor: float) -> M:
     """``twice``, agreeing when ``reported`` is a number within ``factor`` of the measurement's ``figure``."""
     return twice(measure, lambda m: close(as_number(reported) or 0, figure(m), factor))
-
-
-def agrees(reported: float, per_round: Sequence[float], factor: float) -> bool:
-    """``reported`` lies within ``factor`` of the range the checker's rounds spanned."""
-    rounds = [r for r in per_round if r > 0]
-    return bool(rounds) and reported > 0 and min(rounds) / factor <= reported <= max(rounds) * factor

@@ -15,7 +15,7 @@ from typing import Any
 from minidl.collate import default_collate
 from minidl.worker import ExceptionWrapper, _worker_loop
 from minidl_course import toy
-from minidl_course.exercises._common import _Checks, _short, _torch, first_difference, yours
+from minidl_course.exercises._common import YourTurn, _Checks, _short, _torch, first_difference, yours
 from minidl_course.exercises.ch03_collate import expected_collate, make_token_samples
 
 Task = tuple[int, list[int]]  # (task_idx, indices): one batch's worth of work, as the main process sends it
@@ -94,12 +94,9 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
 
 
 class BusyMainQueue(queue.Queue):
-    """An index queue whose main process is busy: while ``busy``, a ``get`` with a timeout (or none to wait) finds it
-    empty at once, as if the timeout had run out (``empties`` counts them); ``waiting``: a ``get`` that waits."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.busy, self.empties, self.waiting = False, 0, False
+    """An index queue whose main process is ``busy``: a ``get`` with a timeout (or none to wait) finds it empty at
+    once, as if the timeout had run out (``empties`` counts them); ``waiting``: a ``get`` that waits."""
+    busy, empties, waiting = False, 0, False
 
     def get(self, block: bool = True, timeout: float | None = None) -> Any:
         if self.busy and self.empty() and (not block or timeout is not None):
@@ -108,15 +105,6 @@ class BusyMainQueue(queue.Queue):
             raise queue.Empty
         self.waiting = block and timeout is None
         return super().get(block, timeout)
-
-    def wait_busy(self, seconds: float, thread: threading.Thread) -> None:
-        """Stay busy ``seconds``, and on until the loop waits in ``get()`` or has found it empty ``EMPTIES`` times:
-        a loop that gives up after some timeouts, however long each, gives up here."""
-        time.sleep(seconds)
-        deadline = time.monotonic() + STUCK_AFTER
-        while thread.is_alive() and not self.waiting and self.empties < EMPTIES and time.monotonic() < deadline:
-            time.sleep(0.01)
-        self.busy = False
 
 
 def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate_fn, tasks, pause: float) -> None:
@@ -133,8 +121,12 @@ def _check_in_thread(worker_loop, checks: _Checks, description, dataset, collate
         thread = threading.Thread(target=_guarded_worker, name="ch05_worker_loop", daemon=True,
                                   args=(worker_loop, 0, dataset, index_queue, result_queue, collate_fn, raised))
         thread.start()
-        if pause:
-            index_queue.wait_busy(pause, thread)
+        deadline = time.monotonic() + pause + STUCK_AFTER
+        time.sleep(pause)  # then busy on, until the loop waits in get() or found the queue empty EMPTIES times
+        while pause and thread.is_alive() and not index_queue.waiting and index_queue.empties < EMPTIES \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        index_queue.busy = False
         for item in items[1:] if pause else []:
             index_queue.put(item)
         thread.join(timeout=STUCK_AFTER)
@@ -250,6 +242,8 @@ def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: 
                     raise RuntimeError(f"{len(answers)} of {len(tasks)} answers arrived: {why}") from None
                 continue
             if isinstance(answer, ExceptionWrapper):  # not an answer: the loop itself raised
+                if answer.exc_type is YourTurn:  # a reminder, not a bug: without the worker's traceback
+                    raise YourTurn(f"Caught YourTurn {answer.where}")
                 answer.reraise()
             answers[answer[0]] = answer[1]
         for q in index_queues:  # only now: a tensor in shared memory must be received before its worker exits

@@ -131,7 +131,7 @@ def judge(ratio: Any, measured: harness.Rounds, checks: _Checks | None = None) -
     if not r:
         checks.fail("your rounds", "no epoch of make_loaders()' loaders ran to its end in your notebook", "time "
                     "rounds of both loaders make_loaders() gave you, per_batch_seconds on each, then set ratio.")
-    medians = [statistics.median(r[-k:]) for k in range(min(3, len(r)), len(r) + 1)]
+    medians = harness.latest_medians(r)
     harness.judge_figure(
         checks, f"your ratio, {ratio!r}, against your rounds", "ratio", ratio, medians, RATIO_FACTOR,
         "report minidl's per-batch time divided by torch's, the median over rounds, e.g. 1.4.", "your rounds, as the "

@@ -24,7 +24,7 @@ MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32)
 STD = np.array([0.229, 0.224, 0.225], dtype=np.float32)
 IMAGES, SIZE, BATCH = 384, 32, 32
 BAND = 1.15  # epochs within this factor of each other: either choice is accepted
-TIMES_FACTOR = 1.1  # your times within this factor (and 2 ms) of the median of your latest epochs (3 or more)
+TIMES_FACTOR = 1.1  # your times within this factor (and 2 ms) of the median of your latest epochs (2 or more)
 WORKERS = core_count()  # option 1's worker processes: one per core, the most that workers can give
 EPOCHS: deque[tuple[str, float]] = deque(maxlen=4096)  # (option, seconds) of each epoch run, on the checker's clock
 NOT_VECTORISED = ("a loop over the images or rows, a comprehension or a map (even one run in C) is not vectorised: "
@@ -203,10 +203,10 @@ def judge(seconds: dict[str, Any], choice: str, measured: Measured, checks: _Che
         if not epochs:
             checks.fail(case, f"no {key} epoch ran in your notebook", f"time {key}_epoch(...) in your rounds: it "
                         "notes each epoch on the checker's clock.")
-        medians = [statistics.median(epochs[-k:]) for k in range(min(3, len(epochs)), len(epochs) + 1)]
+        medians = harness.latest_medians(epochs, 2)
         if harness.typed(value) or not any(abs(value - m) <= m * (TIMES_FACTOR - 1) + 2e-3 for m in medians):
             other = [m for o in seconds if o != key for m in medians if harness.close(float(seconds[o]), m, 1.1)]
-            checks.fail(case, f"{value} is not the median of your latest epochs (3 or more): they took "
+            checks.fail(case, f"{value} is not the median of your latest epochs (2 or more): they took "
                         + ", ".join(f"{s:.4f}" for s in epochs[-8:]) + " s", first_hint(
                             "set seconds from your own rounds: {name: statistics.median(times[name])}, unrounded; if "
                             "you ran epochs since, run your cell again.",
