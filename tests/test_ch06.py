@@ -13,6 +13,7 @@ import psutil
 import pytest
 from loadertools import alive_in_group
 
+import minidl
 from minidl_course import ch06
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
@@ -189,3 +190,23 @@ def test_as_designed_wants_a_runtime_error_caused_by_one():
         assert ch06.as_designed(error)
     assert not ch06.as_designed(RuntimeError("alone"))
     assert not ch06.as_designed(ConnectionResetError())
+
+
+@pytest.mark.timeout(180)
+def test_persistent_workers_keep_their_seed_every_epoch_and_still_draw_new_numbers_as_torchs_do():
+    import torch
+
+    from minidl_course import toy
+
+    def two_epochs(loader_cls, dataset):
+        loader = loader_cls(dataset, batch_size=2, num_workers=2, persistent_workers=True,
+                            generator=torch.Generator().manual_seed(0))
+        return [list(loader) for _ in range(2)]
+
+    seeds = [{int(w[0]): int(s[0]) for _, w, s, _ in epoch} for epoch in two_epochs(minidl.DataLoader,
+                                                                                      toy.WorkerIdDataset(8))]
+    assert seeds[0] == seeds[1] and len(set(seeds[0].values())) == 2
+    draws = [[[float(x) for _, d in epoch for x in d["numpy"]] for epoch in two_epochs(cls, toy.GlobalRandomDataset(8))]
+             for cls in (minidl.DataLoader, torch.utils.data.DataLoader)]
+    assert not set(draws[0][0]) & set(draws[0][1])
+    assert draws[0] == draws[1]
