@@ -150,10 +150,11 @@ def minidls_info_for_seeding(worker_id):
     (toy.seed_numpy_from_worker, r"called toy.seed_numpy_from_worker.*reseeds NumPy's global stream"),
     (does_nothing, r"still draws .* as it did before your worker_init_fn.*reseed the worker's own copy"),
     (reseeds_numpys_global, r"still draws.*you reseeded NumPy's global stream.*dataset.rng"),
-    (seeds_from_worker_id, r"info.seed=1234, and the same with info.seed=2234.*worker_id alone repeats every epoch"),
+    (seeds_from_worker_id, r"worker 0 drew .* with info.seed=1234, and the same with info.seed=2234.*worker_id alone "
+                           r"repeats every epoch"),
     (seeds_from_the_os, r"called twice with the same info.seed.*not from the clock or the OS"),
     (seeds_from_the_pid, r"do not follow info.seed.*the process id or the clock changes from run to run"),
-    (takes_info_rngs_numpy_generator, r"read get_worker_info\(\).rng and raised AttributeError.*info.rng is None in a "
+    (takes_info_rngs_numpy_generator, r"read get_worker_info\(\).rng, then raised AttributeError.*None in a "
                                       r"process worker"),
     (minidls_info_for_seeding, r"'NoneType' object has no attribute.*call torch.utils.data.get_worker_info\(\)"),
 ])

@@ -40,7 +40,7 @@ class AugmentedDataset(Dataset):
 SEED_NUMPY = "toy.seed_numpy_from_worker reseeds NumPy's global stream, for a dataset that draws from it. "
 DELEGATED = ("your worker_init_fn {0}, the loader's own per-worker generator: give the dataset a generator of its own, "
              "seeded from info.seed.")
-RNG_IS_NONE = " (info.rng is None in a process worker, as in torch; minidl fills it in for thread workers only)"
+RNG = DELEGATED.format("used info.rng") + " (None in a process worker, as in torch; minidl fills it for threads only)"
 NO_RUN_REPEATS = ("seed from info.seed: a seed from worker_id alone repeats every epoch, and one from the process id "
                   "or the clock changes from run to run, so no run could be repeated.")
 
@@ -51,10 +51,9 @@ def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) ->
     dataset = AugmentedDataset(8)
     info = SeenInfo(worker_id, num_workers, seed, dataset)  # rng=None, as a process worker's; reading it is noted
 
-    def explain(error: Exception) -> None:
-        if "rng" in info.read:
-            checks.fail(case, f"your worker_init_fn read get_worker_info().rng and raised {type(error).__name__}: "
-                        f"{''.join(str(error).splitlines()[-1:])}", DELEGATED.format("used info.rng") + RNG_IS_NONE)
+    def explain(error: Exception) -> None:  # an error after reading info.rng: say why, not only what raised
+        checks.first(case, ("rng" in info.read, f"your worker_init_fn read get_worker_info().rng, then raised "
+                            f"{error!r}", RNG))
         none_info(checks, case)(error)
 
     with as_worker(info):
@@ -65,8 +64,7 @@ def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) ->
                        explain=explain)
         after = np.random.get_state()
     if "rng" in info.read:
-        checks.fail(case, "your worker_init_fn read get_worker_info().rng", DELEGATED.format("used info.rng")
-                    + RNG_IS_NONE)
+        checks.fail(case, "your worker_init_fn read get_worker_info().rng", RNG)
     return [dataset[0][1] for _ in range(4)], info, not all(map(np.array_equal, seeded, after))
 
 
@@ -89,27 +87,22 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
                                  "dataset.rng: reseed get_worker_info().dataset.rng."),
                                 ("dataset" not in info.read, "reseed the worker's own copy, get_worker_info().dataset, "
                                  "not a dataset from the notebook.")))
-            again = _as_worker_of(worker_init_fn, worker_id, num_workers, seed, where, checks)[0]
+            again, other = (_as_worker_of(worker_init_fn, worker_id, num_workers, s, where, checks)[0]
+                            for s in (seed, seed + 1000))  # the same seed again; another epoch's, or another run's
             checks.first(where, (again != got, f"called twice with the same info.seed, your worker_init_fn gave draws "
                                  f"{got[:2]}... and then {again[:2]}...", "seed from info.seed, not from the clock or "
-                                 "the OS, so that a run can be repeated."))
+                                 "the OS, so that a run can be repeated."),
+                         (other == got, f"worker {worker_id} drew {got[:2]}... with info.seed={seed}, and the same "
+                          f"with info.seed={seed + 1000}: your draws do not follow info.seed", NO_RUN_REPEATS))
             draws.append(got)
-            if worker_id == 0:  # another seed for the same worker: another epoch, or another run
-                other = _as_worker_of(worker_init_fn, 0, num_workers, seed + 1000, where, checks)[0]
-                checks.first(where, (other == got, f"worker 0 drew {got[:2]}... with info.seed={seed}, and the same "
-                                     f"with info.seed={seed + 1000}: your draws do not follow info.seed",
-                                     NO_RUN_REPEATS))
             checks.passed += 1
         checks.first(case, *((True, f"workers 0 and {k} draw the same numbers: {draws[0][:2]}...", "make the seed "
                               "depend on the worker, as info.seed does.") for k in range(1, num_workers)
                              if draws[k] == draws[0]))
     if (method := multiprocessing.get_start_method()) != "fork":
         checks.refuse_cell_function(worker_init_fn, f"workers started with {method} can't import a function defined "
-                                    "in a notebook cell", "write it into the module file (the %%writefile cell) and "
-                                    "import it from there.")
-    for (name, loader_cls), persistent in product(_loaders(), (False, True)):
-        # persistent_workers=True: each worker is started and seeded once, so info.seed stays the same every epoch;
-        # worker_init_fn runs once too, and the generator it made carries on into the next epoch.
+                                    "in a notebook cell", "import it from the module file the %%writefile cell writes.")
+    for (name, loader_cls), persistent in product(_loaders(), (False, True)):  # persistent: info.seed stays the same
         case = (f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, persistent_workers={persistent}, "
                 "worker_init_fn=yours)")
         with in_loader(case, checks):
