@@ -105,15 +105,6 @@ class NameArrayDataset(NameListDataset):
         return len(self.names[index])
 
 
-def pss_mb(pid: int) -> float | None:
-    """Proportional set size of process ``pid`` in MiB: its private pages plus its share of shared ones.
-
-    None where the platform has no PSS (macOS, Windows: see ``osfacts.pss``).
-    """
-    size = osfacts.pss_bytes(pid)
-    return None if size is None else size / MB
-
-
 EPOCH_MARKS = (0.0, 0.01, 0.02, 0.04, 0.07, 0.1, 0.15, 0.2, 0.3, 0.45, 0.6, 0.8, 1.0)
 
 
@@ -402,6 +393,10 @@ def train_epoch(dataset, num_workers: int, batch_size: int = 32, trainer=None) -
     ``cores_busy`` is the CPU time of this process and of its workers, over the epoch's wall time times the
     machine's cores (1.0: every core worked all epoch). A worker's CPU time is counted once it has exited and
     been joined (``RUSAGE_CHILDREN``), which the loader does as the epoch ends.
+
+    Workers are forked on Linux, so the epoch times loading rather than interpreters starting. On macOS they start
+    by the platform's default (spawn): CPython stopped forking there because a forked child can crash in system
+    libraries that run threads, so each epoch there includes its workers' start.
     """
     import resource
 
@@ -413,7 +408,7 @@ def train_epoch(dataset, num_workers: int, batch_size: int = 32, trainer=None) -
         return usage.ru_utime + usage.ru_stime
 
     trainer = trainer or Trainer(channels=3, classes=10, seed=0)
-    kwargs = {"multiprocessing_context": "fork"} if num_workers else {}
+    kwargs = {"multiprocessing_context": "fork"} if num_workers and sys.platform.startswith("linux") else {}
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, **kwargs)
     main0, workers0, t0 = time.process_time(), children_cpu(), time.perf_counter()
     for batch in loader:
