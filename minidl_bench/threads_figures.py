@@ -1,6 +1,7 @@
 """Notebook 09's last figures, from the committed ``threads`` suite (``results/threads/``): start-up and memory.
 
-One function draws both and prints what the chapter's prose reads from them, so the notebook's cell is one call.
+One function draws both and returns, in words, the figures the chapter's prose reads from them, so the
+notebook's cell is one call.
 It lives beside ``threads_report`` (it reads the same merged CSV), not in ``minidl_course``, which may not import
 ``minidl_bench``.
 """
@@ -26,7 +27,7 @@ def _pss(keyed, build: str, name: str, backend: str, workers: int) -> float:
 
 def startup_and_memory(rows: Sequence[Row], run_label: str) -> list[str]:
     """Draw the time to the first batch (per workload) and the peak PSS (numpy, images) of the committed run,
-    per build and backend; return the lines the prose reads: PSS per worker count, and its claims checked."""
+    per build and backend; return the lines the prose reads: PSS per worker count, first batches, PSS added."""
     import matplotlib.pyplot as plt
 
     keyed = threads_report.by_key(rows)
@@ -81,15 +82,16 @@ def startup_and_memory(rows: Sequence[Row], run_label: str) -> list[str]:
                          f"; threads at {counts[-1]}: {_pss(keyed, build, name, 'thread', counts[-1]):.0f}")
     first = {(b, n, k): _first_ms(keyed, b, n, k, cores) for b in builds for n in ("numpy", "python")
              for k in threads_report.BACKENDS}
-    grows = all(_pss(keyed, b, n, "process", counts[-1]) > _pss(keyed, b, n, "process", 1)
-                and _pss(keyed, b, n, "thread", counts[-1]) - _pss(keyed, b, n, "thread", 0)
-                < _pss(keyed, b, n, "process", counts[-1]) - _pss(keyed, b, n, "process", 0)
-                for b in builds for n in ("numpy", "images"))
-    lines += [
-        "numpy, every build: a process worker's first batch over 2.5 times a thread's: "
-        f"{all(first[b, 'numpy', 'process'] > 2.5 * first[b, 'numpy', 'thread'] for b in builds)}",
-        "python, GIL build: two threads' first batch later than a process's: "
-        f"{first['GIL', 'python', 'thread'] > first['GIL', 'python', 'process']}",
-        f"PSS grows from 1 to {counts[-1]} process workers, and threads add less than processes, every line: {grows}",
-    ]
+    lines.append(f"numpy, first batch with {cores} workers: a process worker's took "
+                 + ", ".join(f"x{first[b, 'numpy', 'process'] / first[b, 'numpy', 'thread']:.1f} a thread's ({b})"
+                             for b in builds))
+    lines.append(f"python, first batch with {cores} workers: " + "; ".join(
+        f"{b} build {cores} threads {first[b, 'python', 'thread']:.0f} ms, {cores} processes "
+        f"{first[b, 'python', 'process']:.0f} ms" for b in builds))
+    for name in ("numpy", "images"):
+        added = {(b, k): _pss(keyed, b, name, k, counts[-1]) - _pss(keyed, b, name, k, 0)
+                 for b in builds for k in threads_report.BACKENDS}
+        lines.append(f"{name}, PSS added by {counts[-1]} workers: " + "; ".join(
+            f"{b} build {added[b, 'process']:+.0f} MiB with processes, {added[b, 'thread']:+.0f} MiB with threads"
+            for b in builds))
     return lines

@@ -8,10 +8,19 @@ sentences chosen from the numbers. Everything a worker runs lives here or in ``p
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
 import random
+import shutil
+import signal
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -21,6 +30,29 @@ from minidl_course import photos
 from minidl_course.startup import StartupCost, startup_cost
 
 KINDS = ("no workers", "thread workers", "process workers")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much notebook 09 measures: the full sizes, or the course's test run's (``MINIDL_QUICK=1``)."""
+
+    python_batches_per_core: int  # the python workload's epoch, in batches per worker
+    python_side: int  # its images' side: 3 x side x side pixels a sample
+    python_rounds: int  # rounds of the four loaders, after a warm-up round
+    photo_files: int  # photographs per class in the folder
+    photo_batches_per_worker: int
+    photo_batch: int
+    photo_size: int  # the crop's side
+    photo_rounds: int
+    start_workers: int | None  # workers of the start-method script (None: one per core)
+    start_epochs: int
+
+
+def sizes() -> Sizes:
+    """The full sizes, or smaller ones when ``MINIDL_QUICK`` is set (not ``0``), as the course's test run sets it."""
+    if os.environ.get("MINIDL_QUICK", "") not in ("", "0"):
+        return Sizes(2, 12, 3, 2, 2, 4, 96, 2, start_workers=1, start_epochs=2)
+    return Sizes(4, 32, 7, 32, 6, 16, 224, 4, start_workers=None, start_epochs=2)
 
 
 class PhotoEpoch(minidl.Dataset):
@@ -129,6 +161,12 @@ def verdicts(results: Mapping[str, list[StartupCost]], workers: int, load: float
                    f"stays near their steady pace (x{p:.2f}).")
     out.append(f"The threads' first batch: {threads.first_batch_s * 1e3:.0f} ms, the processes' "
                f"{procs.first_batch_s * 1e3:.0f} ms.")
+    beyond = [f"{k} x{pace[k]:.2f}" for k in ("thread workers", "process workers") if pace[k] > workers]
+    if beyond:  # more than the workers can multiply: not a gain to credit to either kind
+        out.append(f"{' and '.join(beyond)}: above x{workers}, more than {workers} workers can multiply the work. "
+                   f"The part above x{workers} is the rounds' noise or the baseline's own cost (without workers the "
+                   "main process also does the loop's per-batch bookkeeping, which workers overlap), not a "
+                   "win of one kind of worker over the other.")
     return out
 
 
@@ -151,3 +189,83 @@ def sample_split(dataset: PhotoEpoch, samples: int = 16) -> dict[str, float]:
         for step, s in zip(spent, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             spent[step] += s
     return {step: s / samples for step, s in spent.items()}
+
+
+# --- What each start method costs, from a script that imports torch at the top -------------------------
+
+
+@dataclass(frozen=True)
+class StartRun:
+    """One run of ``start_cost.py`` under one start method: per epoch, the first batch's wait and the epoch's length.
+
+    ``reruns`` is how many processes other than the script's own ran its top level (``import torch`` included),
+    and ``rerun_import_s`` what that import took in each.
+    """
+
+    method: str
+    workers: int
+    first_batch_s: tuple[float, ...]
+    epoch_s: tuple[float, ...]
+    import_s: float  # ``import torch`` in the script's own process
+    rerun_import_s: tuple[float, ...]
+
+    @property
+    def reruns(self) -> int:
+        return len(self.rerun_import_s)
+
+
+def start_methods() -> list[str]:
+    """The start methods to time here: all this platform offers, but ``fork`` on macOS, where CPython calls it
+    unsafe (system libraries may have started threads) and some of them crash a forked child."""
+    offered = [m for m in multiprocessing.get_all_start_methods() if not (m == "fork" and sys.platform == "darwin")]
+    return [m for m in ("fork", "forkserver", "spawn") if m in offered]
+
+
+def start_costs(methods: Iterable[str], workers: int, epochs: int, timeout: float = 300.0) -> dict[str, StartRun]:
+    """Run ``start_cost.py`` as a training script (a copy named ``train.py`` in a folder of its own) once per method.
+
+    Each run is a fresh interpreter, as ``python train.py`` would be; raises ``RuntimeError`` with its stderr if
+    a run fails or takes longer than ``timeout`` seconds (its whole process group is killed then).
+    """
+    methods = list(methods)
+    unknown = [m for m in methods if m not in multiprocessing.get_all_start_methods()]
+    if unknown:
+        raise ValueError(f"methods should be start methods of this platform "
+                         f"({', '.join(multiprocessing.get_all_start_methods())}), got {unknown}")
+    runs = {}
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "train.py"
+        shutil.copyfile(Path(__file__).with_name("start_cost.py"), script)
+        for method in methods:
+            log = Path(folder) / f"{method}.log"
+            env = {**os.environ, "MINIDL_START_LOG": str(log)}
+            proc = subprocess.Popen([sys.executable, str(script), method, str(workers), str(epochs)], cwd=folder,
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise RuntimeError(f"train.py under {method} took longer than {timeout:.0f} s") from None
+            if proc.returncode != 0:
+                raise RuntimeError(f"train.py under {method} failed ({proc.returncode}):\n{err[-2000:]}")
+            result = json.loads(out.strip().splitlines()[-1])
+            imports = dict(line.split() for line in log.read_text().splitlines())
+            own = float(imports.pop(str(result["pid"])))
+            runs[method] = StartRun(method, workers, tuple(result["first_batch_s"]), tuple(result["epoch_s"]), own,
+                                    tuple(float(s) for s in imports.values()))
+    return runs
+
+
+def rerun_finding(run: StartRun, epochs: int) -> str:
+    """Who ran the script's top level again under ``run.method``, in words."""
+    if run.reruns == 0:
+        return "no other process ran the script's imports: each worker is a copy of the script's process"
+    per = f"{statistics.median(run.rerun_import_s):.2f} s of `import torch` each"
+    if run.reruns == run.workers * epochs:
+        return f"every worker of every epoch ran the script's imports again ({run.reruns} processes, {per})"
+    if run.reruns == 1:
+        return (f"one process ran the script's imports ({per}): the server, once; "
+                "its workers are copies of it")
+    return f"{run.reruns} other processes ran the script's imports ({per})"

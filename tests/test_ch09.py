@@ -102,3 +102,61 @@ def test_the_split_of_a_sample_names_each_step_and_every_time_is_positive(datase
     split = ch09.sample_split(dataset, samples=3)
     assert list(split) == ["decode", "crop + resize", "flip", "to array"]
     assert all(s > 0 for s in split.values())
+
+
+def test_a_super_linear_pace_is_called_noise_or_the_baselines_not_a_win():
+    said = " ".join(ch09.verdicts(costs({"no workers": 0.03, "thread workers": 0.036, "process workers": 0.078},
+                                        {"no workers": 0.0281, "thread workers": 0.0135, "process workers": 0.016}),
+                                  2))
+    assert "thread workers x2.08: above x2, more than 2 workers can multiply the work" in said
+    assert "not a win of one kind of worker over the other" in said
+    assert "process workers x1.76:" not in said  # within what 2 workers can give: nothing to explain
+    within = " ".join(ch09.verdicts(costs({"no workers": 0.1, "thread workers": 0.1, "process workers": 0.06},
+                                          {"no workers": 0.1, "thread workers": 0.055, "process workers": 0.05}), 2))
+    assert "above x2" not in within
+
+
+def test_the_sizes_shrink_for_the_courses_test_run(monkeypatch):
+    monkeypatch.setenv("MINIDL_QUICK", "1")
+    quick = ch09.sizes()
+    monkeypatch.setenv("MINIDL_QUICK", "0")
+    full = ch09.sizes()
+    monkeypatch.delenv("MINIDL_QUICK")
+    assert ch09.sizes() == full != quick
+    assert quick.python_rounds < full.python_rounds and quick.photo_size < full.photo_size
+    assert quick.start_epochs >= 2 and full.start_epochs >= 2  # "paid every epoch" needs a second epoch
+
+
+def test_fork_is_never_timed_on_macos(monkeypatch):
+    monkeypatch.setattr(ch09.sys, "platform", "darwin")
+    monkeypatch.setattr(ch09.multiprocessing, "get_all_start_methods", lambda: ["spawn", "fork", "forkserver"])
+    assert ch09.start_methods() == ["forkserver", "spawn"]
+    monkeypatch.setattr(ch09.sys, "platform", "linux")
+    assert ch09.start_methods() == ["fork", "forkserver", "spawn"]
+    monkeypatch.setattr(ch09.multiprocessing, "get_all_start_methods", lambda: ["spawn"])  # Windows
+    assert ch09.start_methods() == ["spawn"]
+
+
+@pytest.mark.timeout(300)
+def test_a_script_reruns_its_imports_in_every_spawned_worker_and_in_no_forked_one():
+    runs = ch09.start_costs(["fork", "spawn"], workers=1, epochs=2)
+    assert list(runs) == ["fork", "spawn"]
+    for run in runs.values():
+        assert len(run.first_batch_s) == len(run.epoch_s) == 2
+        assert all(0 < f <= e for f, e in zip(run.first_batch_s, run.epoch_s)) and run.import_s > 0
+    assert runs["fork"].reruns == 0
+    assert runs["spawn"].reruns == 2  # one worker, started again in each of the two epochs
+    assert "every worker of every epoch" in ch09.rerun_finding(runs["spawn"], 2)
+    assert "no other process" in ch09.rerun_finding(runs["fork"], 2)
+
+
+def test_the_rerun_finding_names_the_forkserver_preload_when_only_the_server_ran_the_script():
+    once = ch09.StartRun("forkserver", 2, (1.0, 0.1), (1.1, 0.2), 1.0, (0.9,))
+    assert "the server, once" in ch09.rerun_finding(once, 2)
+    odd = ch09.StartRun("forkserver", 2, (1.0, 0.1), (1.1, 0.2), 1.0, (0.9, 0.8, 0.7))
+    assert ch09.rerun_finding(odd, 2).startswith("3 other processes")
+
+
+def test_a_method_this_platform_lacks_is_refused_before_any_run():
+    with pytest.raises(ValueError, match="methods should be start methods.*no-such-method"):
+        ch09.start_costs(["spawn", "no-such-method"], workers=1, epochs=1)

@@ -158,3 +158,94 @@ def test_tracing_keeps_at_least_95_percent_of_the_throughput(overhead):
         off = next(float(r["median_s"]) for r in traced if r["task"] == task and r["method"] == "trace off")
         on = next(float(r["median_s"]) for r in traced if r["task"] == task and r["method"] == "trace=True")
         assert off / on >= 0.95, task
+
+
+# --- notebook 09: the threads suite under both builds, merged ---------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def threads():
+    from minidl_bench import threads_report
+
+    rows = read(THREADS / "threads_metrics.csv")
+    return {"rows": rows, "up": threads_report.speedups(rows), "keyed": threads_report.by_key(rows)}
+
+
+def serial_rate(threads, build: str, name: str) -> float:
+    return float(threads["keyed"][build, name, "serial", 0]["samples_per_s_median"])
+
+
+def test_the_reference_run_holds_both_builds_and_every_workload(threads):
+    builds = {k[0] for k in threads["up"]}
+    names = {k[1] for k in threads["up"]}
+    assert builds == {"GIL", "free-threaded"}
+    assert names == {"python", "python-shared", "numpy", "images", "io"}
+
+
+def test_with_the_gil_thread_lines_stay_at_or_below_one_and_processes_climb(threads):
+    up = threads["up"]
+    assert all(up["GIL", n, "thread", w] <= 1.0 for n in ("python", "python-shared") for w in (1, 2, 4))
+    assert up["GIL", "python", "process", 2] > 1.5
+    assert up["free-threaded", "python", "thread", 2] > 1.7  # "the thread line climbs with the process line"
+    # "can match processes on pure Python, if the hot loop touches only objects its own thread owns"
+    assert up["free-threaded", "python", "thread", 2] >= 0.9 * up["free-threaded", "python", "process", 2]
+
+
+def test_the_free_threaded_build_runs_the_loop_slower_on_one_thread(threads):
+    assert serial_rate(threads, "free-threaded", "python") < serial_rate(threads, "GIL", "python")
+
+
+def test_waiting_and_cheap_workloads_go_as_chapter_09_says(threads):
+    up = threads["up"]
+    for build in ("GIL", "free-threaded"):
+        assert up[build, "io", "thread", 2] > 1.5  # sleeping releases the GIL: threads help on both builds
+        assert up[build, "numpy", "process", 2] < 1  # so cheap that process workers lose to pickling
+
+
+def test_shared_constants_cost_threads_only_once_the_gil_is_gone(threads):
+    up, keyed = threads["up"], threads["keyed"]
+    # "its two thread workers stayed well short of the processes"
+    assert up["free-threaded", "python-shared", "thread", 2] < 0.8 * up["free-threaded", "python-shared", "process", 2]
+
+    def spread(build, name):
+        row, serial = keyed[build, name, "thread", 2], serial_rate(threads, build, name)
+        return [float(row[f"samples_per_s_{s}"]) / serial for s in ("min", "max")]
+
+    (lo_s, hi_s), (lo_o, hi_o) = spread("free-threaded", "python-shared"), spread("free-threaded", "python")
+    assert hi_s < lo_o or hi_o < lo_s  # "On the free-threaded build the ranges are apart"
+    (lo_s, hi_s), (lo_o, hi_o) = spread("GIL", "python-shared"), spread("GIL", "python")
+    assert not (hi_s < lo_o or hi_o < lo_s)  # "under the GIL ... the ranges overlap"
+
+
+def test_the_profile_and_the_cpu_time_show_what_sharing_costs(threads):
+    profile = (THREADS / "perf_decref.txt").read_text()
+    decref = {line.split()[1]: float(line.split()[2]) for line in profile.splitlines() if line.startswith("share ")}
+    assert decref["shared"] > 10 * max(decref["own"], 0.01)
+    keyed = threads["keyed"]
+
+    def cpu_per_sample(name, backend):
+        row = keyed["free-threaded", name, backend, 2]
+        return int(row["cores"]) * float(row["cpu_util_median"]) / float(row["samples_per_s_median"])
+
+    assert cpu_per_sample("python-shared", "thread") > cpu_per_sample("python-shared", "process")
+
+
+def test_start_up_and_memory_go_as_the_last_figures_say(threads):
+    keyed = threads["keyed"]
+    cores = int(threads["rows"][0]["cores"])
+
+    def first(build, name, backend):
+        return float(keyed[build, name, backend, cores]["first_batch_s_median"])
+
+    def pss(build, name, backend, workers):
+        return float(keyed[build, name, "serial" if workers == 0 else backend, workers]["peak_pss_mib_median"])
+
+    for build in ("GIL", "free-threaded"):
+        assert first(build, "numpy", "process") > 2.5 * first(build, "numpy", "thread")  # "several times sooner"
+        for name in ("numpy", "images"):
+            assert pss(build, name, "process", 4) > pss(build, name, "process", 0)  # "grows from none to four"
+            assert pss(build, name, "process", 4) > pss(build, name, "process", 1)
+            assert (pss(build, name, "thread", 4) - pss(build, name, "thread", 0)
+                    < pss(build, name, "process", 4) - pss(build, name, "process", 0))  # "threads add little"
+    # "two threads sharing a GIL take longer over their first two batches than a process over one"
+    assert first("GIL", "python", "thread") > first("GIL", "python", "process")
