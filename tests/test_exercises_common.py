@@ -262,7 +262,7 @@ REFUSALS = [
      "time_methods"),
     ("ch10_overhead_ratio", lambda a: ch10.check_overhead(a, 0.5, measure=_never), "per_batch_seconds"),
     ("ch11_vectorise_or_workers",
-     lambda a: ch11.check_decision(a, {"workers": 0.2, "vectorised": 0.02}, "vectorise", measure=_never),
+     lambda a: ch11.check_decision(a, a, {"workers": 0.2, "vectorised": 0.02}, "vectorise", measure=_never),
      "transform_batch"),
     ("ch12_pitfalls_debug", lambda a: ch12.check_no_leak(a, measure=_never), "ArrayDataset"),
 ]

@@ -13,7 +13,6 @@ from typing import Any, TypeVar
 from minidl_course.exercises._common import _Checks, refuse_reference
 
 M = TypeVar("M")
-K = TypeVar("K")
 
 
 def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], None], measure: Callable[[], M],
@@ -40,33 +39,18 @@ class Rounds(dict):
         return [n / d for n, d in zip(self[numerator], self[denominator], strict=True)]
 
 
-def held_rounds(names: Sequence[K], rounds: int, run: Callable[[K], tuple[float, float | None]],
-                off: Callable[[K, float, float | None], str] | None = None, factor: float = 1.25,
-                slack: float = 2e-3, warmup: bool = False) -> Rounds:
-    """``run(name) -> (figure, the checker's seconds or None)`` per name per round, the order rotating; ``problem``
-    is ``off(name, figure, ours)`` of the first figure off the checker's clock."""
-    names = list(names)
-    for name in names if warmup else []:
-        run(name)
-    figures = Rounds({name: [] for name in names})
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            got, ours = run(name)
-            figures[name].append(got)
-            if off and not figures.problem and off_the_clock([got], [] if ours is None else [ours], factor,
-                                                             slack) is not None:
-                figures.problem = off(name, got, ours)
-    return figures
-
-
 def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True,
                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Seconds per call of each function on the checker's clock, in ``held_rounds``' rotating rounds."""
-    def run(name: str) -> tuple[float, None]:
-        start = clock()
-        fns[name]()
-        return clock() - start, None
-    return dict(held_rounds(fns, rounds, run, warmup=warmup))
+    """Seconds per call of each function on the checker's clock: a warm-up each, then ``rounds`` rounds, the order
+    rotating from one round to the next."""
+    names, times = list(fns), {name: [] for name in fns}
+    for r in range(-1 if warmup else 0, rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            start = clock()
+            fns[name]()
+            if r >= 0:
+                times[name].append(clock() - start)
+    return times
 
 
 class Stopwatch:

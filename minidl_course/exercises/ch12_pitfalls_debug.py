@@ -275,25 +275,23 @@ def logged(epochs: Sequence[tuple[int, float]]) -> dict[int, list[float]]:
 
 def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = 1,
                   sweep: Sequence[int] | None = None) -> harness.Rounds:
-    """Your ``time_epoch(w)`` for each ``w`` in ``sweep`` (``SWEEP``), each call held to the epoch it ran on the
-    checker's clock, and to leaving no worker process running (``problem``: the first call that did not)."""
-    left: list[str] = []
-    def run(w: int) -> tuple[float, float | None]:
+    """Your ``time_epoch(w)`` for each ``w`` in ``sweep`` (``SWEEP``), ``rounds`` times, each call held to the epoch
+    it ran on the checker's clock and to leaving no worker process running (``problem``: the first that did not)."""
+    measured = harness.Rounds({w: [] for w in (SWEEP if sweep is None else sweep)})
+    for w in [w for _ in range(rounds) for w in measured]:
         k, before = len(EPOCHS), set(multiprocessing.active_children())
-        seconds = harness.as_number(call(time_epoch, w, what="time_epoch", case=f"time_epoch({w})"))
+        got = harness.as_number(call(time_epoch, w, what="time_epoch", case=f"time_epoch({w})"))
+        ours = next((s for n, s in reversed(EPOCHS[k:]) if n == w), None)  # None: it ran no epoch of w
         alive = [p for p in multiprocessing.active_children() if p not in before and (p.join(2) or p.is_alive())]
-        left.extend([f"time_epoch({w}) left {len(alive)} worker process(es) running after it returned: read an "
-                     "epoch to its end (or delete its iterator), so its workers exit"] if alive else [])
-        return np.nan if seconds is None else seconds, next((s for n, s in reversed(EPOCHS[k:]) if n == w), None)
-
-    def off(w: int, got: float, ours: float | None) -> str:  # a call that held_rounds found off the clock, in words
-        returned = "no number" if np.isnan(got) else f"{got:.3f} s"
-        if ours is None:
-            return f"time_epoch({w}) returned {returned}, but it ran no sweep_epoch({w}, ...)"
-        return (f"time_epoch({w}) returned {returned}, but the sweep_epoch({w}, ...) it ran took {ours:.3f} s on the "
-                "checker's clock" + (f": {harness.MILLISECONDS}" if harness.close(got / 1000, ours, 1.25) else ""))
-    measured = harness.held_rounds(SWEEP if sweep is None else sweep, rounds, run, off)
-    measured.problem = measured.problem or (left or [""])[0]
+        measured[w].append(np.nan if got is None else got)
+        returned = "no number" if got is None else f"{got:.3f} s"
+        measured.problem = measured.problem or first_hint(
+            "", (ours is None, f"time_epoch({w}) returned {returned}, but it ran no sweep_epoch({w}, ...)"),
+            (harness.off_the_clock([got or 0.0], [ours or 0.0]) is not None, f"time_epoch({w}) returned {returned}, "
+             f"but the sweep_epoch({w}, ...) it ran took {ours or 0.0:.3f} s on the checker's clock" + (
+                 f": {harness.MILLISECONDS}" if got and harness.close(got / 1000, ours or 0.0, 1.25) else "")),
+            (alive, f"time_epoch({w}) left {len(alive)} worker process(es) running after it returned: read an epoch "
+             "to its end (or delete its iterator), so its workers exit"))
     return measured
 
 
