@@ -51,15 +51,11 @@ def _cases() -> Iterator[tuple[str, Any, Callable, list[Task], float]]:
            make_token_samples(4, seed=1), expected_collate, [(0, [0, 1]), (1, []), (2, [2, 3])], 0)
     rng = random.Random(0)
     for seed in range(30):
-        n = rng.randint(1, 20)
-        if seed % 3 == 1:  # only the dataset this case uses is made
-            bad = rng.randrange(n)
-            made = f"FailingDataset({n}, bad_index={bad}), default_collate", toy.FailingDataset(n, bad), collate
-        elif seed % 3 == 2:
-            made = (f"make_token_samples({n}, seed={seed}), a padding collate", make_token_samples(n, seed=seed),
-                    expected_collate)
-        else:
-            made = f"RangeDataset({n}), default_collate", toy.RangeDataset(n), collate
+        n, bad = rng.randint(1, 20), rng.randrange(20)
+        made = ((f"RangeDataset({n}), default_collate", toy.RangeDataset(n), collate),
+                (f"FailingDataset({n}, bad_index={bad % n}), default_collate", toy.FailingDataset(n, bad % n), collate),
+                (f"make_token_samples({n}, seed={seed}), a padding collate", make_token_samples(n, seed=seed),
+                 expected_collate))[seed % 3]
         labels = rng.sample(range(100), rng.randint(0, 6))  # task numbers: unique, in no particular order
         yield *made, [(label, [rng.randrange(n + (rng.random() < 0.1)) for _ in range(rng.randint(1, 4))])
                       for label in labels], 0  # now and then an index one past the end: an IndexError
