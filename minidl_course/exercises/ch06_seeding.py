@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import multiprocessing
 from collections.abc import Callable
-from itertools import product
 
 import numpy as np
 
@@ -68,6 +67,12 @@ def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) ->
     return [dataset[0][1] for _ in range(4)], info, not all(map(np.array_equal, seeded, after))
 
 
+def _draws(loader_cls, worker_init_fn, persistent: bool, epochs: int) -> list[list[float]]:
+    loader = loader_cls(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=worker_init_fn,
+                        persistent_workers=persistent, generator=_torch().Generator().manual_seed(7))
+    return [[float(x) for _, d in loader for x in d] for _ in range(epochs)]
+
+
 def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
     """Check ch06_seeding: after ``worker_init_fn`` workers draw different numbers, new each epoch, reproducibly."""
     checks = _Checks(worker_init_fn)
@@ -102,22 +107,19 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
     if (method := multiprocessing.get_start_method()) != "fork":
         checks.refuse_cell_function(worker_init_fn, f"workers started with {method} can't import a function defined "
                                     "in a notebook cell", "import it from the module file the %%writefile cell writes.")
-    for (name, loader_cls), persistent in product(_loaders(), (False, True)):  # persistent: info.seed stays the same
+    # Each loader without persistent workers; torch's with them too, where info.seed stays the same every epoch
+    for name, loader_cls, persistent in [(*loader, False) for loader in _loaders()] + [(*_loaders()[1], True)]:
         case = (f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, persistent_workers={persistent}, "
                 "worker_init_fn=yours)")
-        with in_loader(case, checks):
-            loaders = [loader_cls(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=worker_init_fn,
-                                  persistent_workers=persistent, generator=_torch().Generator().manual_seed(7))
-                       for _ in range(2)]  # two runs
-            (first, second), again = [[[float(x) for _, d in ld for x in d] for _ in range(2)] for ld in loaders]
-            del loaders  # persistent workers stop with their loader
+        with in_loader(case, checks):  # two epochs; a second run's first
+            (first, second), (again,) = (_draws(loader_cls, worker_init_fn, persistent, n) for n in (2, 1))
         repeated = next((x for x in first if first.count(x) > 1), 0.0)
         checks.first(case, (first.count(repeated) > 1, f"the draw {repeated:.6f} came {first.count(repeated)} times "
                             "in one epoch", "give each worker a generator of its own, seeded from info.seed."),
                      (set(first) & set(second), "the second epoch repeated draws of the first",
                       "seed the generator in worker_init_fn, from info.seed: without persistent workers it changes "
                       "every epoch; with them worker_init_fn runs once and the generator carries on."),
-                     ([first, second] != again, "two runs with generator=torch.Generator().manual_seed(7) drew "
+                     (first != again, "two runs with generator=torch.Generator().manual_seed(7) drew "
                       "different numbers", "seed from info.seed only, so that the loader's generator decides all."))
         checks.passed += 1
     checks.done()
