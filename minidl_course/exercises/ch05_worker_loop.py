@@ -245,9 +245,9 @@ def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: 
         for q in index_queues:  # only now: a tensor in shared memory must be received before its worker exits
             q.put(None)
         for w in workers:
-            w.join(timeout=10)
+            w.join(timeout=30)  # a spawned interpreter with torch imported: slow to tear down under load
         if any(w.exitcode != 0 for w in workers):
-            raise RuntimeError(f"10 s after their sentinels the workers' exit codes are {[w.exitcode for w in workers]}"
+            raise RuntimeError(f"30 s after their sentinels the workers' exit codes are {[w.exitcode for w in workers]}"
                                " (None: still running), not 0")
         return answers
     finally:
