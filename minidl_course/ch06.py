@@ -81,7 +81,7 @@ class Outcome:
     had: list[int] = field(default_factory=list)  # the batches received, in order, each by its first sample
     errors: list[str] = field(default_factory=list)  # each exception next() raised: "Type: first line"
     cause: str | None = None  # the first exception's cause, "Type: first line", if it had one
-    took: float | None = None  # seconds from the first batch to the first exception
+    took: float | None = None  # seconds from the first batch to the first exception (None: it came before any)
     had_before: int | None = None  # batches received before the first exception
     workers_left: int | None = None  # the loader's worker processes still running just after the first exception
     ended: str = ""  # "StopIteration", "raised on every next()", or "hung"
@@ -93,8 +93,10 @@ class Outcome:
 
     @property
     def noticed(self) -> str:
-        """How long after the first batch the first exception came, in words."""
-        return "no exception" if self.took is None else f"{self.took:.2f} s"
+        """When the first exception came, in words."""
+        if not self.errors:
+            return "no exception"
+        return "before the first batch" if self.took is None else f"{self.took:.2f} s after the first batch"
 
     @property
     def lost(self) -> list[int]:
@@ -105,19 +107,35 @@ class Outcome:
     def kind(self) -> str:
         """The outcome in a few words, pids, timings and batch counts before the error aside: what is counted.
 
+        torch's own messages are named by who raised them: its SIGCHLD handler, or its wait loop (which chains the
+        handler's error, or finds the dead worker at a status check).
+
         >>> Outcome("torch", "sigkill", had=[0, 2, 4, 8], errors=["RuntimeError: x"], ended="StopIteration").kind
         'RuntimeError, then StopIteration, 6 batches lost'
+        >>> Outcome("torch", "exit", errors=[f"RuntimeError: {TORCH_OUTER}"], ended="hung",
+        ...         cause="RuntimeError: " + TORCH_HANDLER[1] + "3.").kind
+        "the wait loop's RuntimeError from the handler's RuntimeError, then hung"
         >>> Outcome("minidl", "exit", errors=["RuntimeError: x"] * 4, cause="RuntimeError: x",
         ...         ended="raised on every next()").kind
         'RuntimeError, then raised on every next()'
         """
-        error = self.errors[0].split(":")[0] if self.errors else "no exception"
-        if self.cause and self.cause != self.errors[0]:
-            error += f" from {self.cause.split(':')[0]}"
-        if len(set(self.errors)) > 1:
-            error += " and " + ", ".join(dict.fromkeys(e.split(":")[0] for e in self.errors[1:]))
+        if not self.errors:
+            error = "no exception"
+        else:
+            named = list(dict.fromkeys(map(self._named, self.errors)))
+            error = named[0]
+            if self.cause and self.cause != self.errors[0]:
+                error += f" from {self._named(self.cause)}"
+            error += "".join(f", then {other}" for other in named[1:])
         lost = f", {_batches(len(self.lost))} lost" if self.ended == "StopIteration" else ""
         return f"{error}, then {self.ended}{lost}"
+
+    def _named(self, line: str) -> str:
+        if self.library == "torch" and line.startswith(f"RuntimeError: {TORCH_OUTER}"):
+            return "the wait loop's RuntimeError"
+        if self.library == "torch" and line.startswith(tuple(f"RuntimeError: {h}" for h in TORCH_HANDLER)):
+            return "the handler's RuntimeError"
+        return line.split(":")[0]
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "lost": self.lost, "kind": self.kind}
@@ -129,8 +147,7 @@ class Outcome:
         if self.cause and self.cause != self.errors[0]:
             lines.append(f"    caused by {self.cause}")
         if self.errors:
-            lines.append(f"    {self.took:.2f} s after the first batch; worker processes still running just after: "
-                         f"{self.workers_left}")
+            lines.append(f"    {self.noticed}; worker processes still running just after: {self.workers_left}")
         if self.hung:
             lines.append(f"    then no batch and no error for {HANG_S:g} s: it hung, and the watchdog killed the child "
                          "interpreter and its workers")
@@ -186,7 +203,7 @@ def after_death(loader_cls: Any, how: str, context: str | None, library: str,
         if not outcome.errors:
             outcome.had_before = len(outcome.had)
             outcome.cause = first_line(error.__cause__)
-            outcome.took = time.perf_counter() - (started[0] or time.perf_counter())
+            outcome.took = None if started[0] is None else time.perf_counter() - started[0]
             outcome.workers_left = len(_new_processes(before))
         outcome.errors.append(first_line(error))
         on_event({"error": outcome.errors[-1], "cause": outcome.cause, "took": outcome.took,

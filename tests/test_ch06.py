@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest
@@ -48,19 +47,18 @@ def test_the_watchdog_takes_the_childs_workers_with_it():
             worker = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
             worker.start()
             print(worker.pid, os.getpid(), flush=True)
-            watchdog = ch06._Watchdog(hang_s=1.0, startup_s=1.0)
+            watchdog = ch06._Watchdog(hang_s=10.0, startup_s=10.0)
             for _ in range(3):
-                time.sleep(0.6)
+                time.sleep(0.5)  # far inside hang_s, however busy the machine
                 watchdog.rearm()
-            print("alive after", 1.8, flush=True)
+            print("alive after", 1.5, flush=True)
             time.sleep(60)
     """)
-    start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=50,
-                          start_new_session=True)
-    assert time.monotonic() - start < 40  # far short of the worker's 60 s sleep
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=55,
+                          start_new_session=True)  # the child would sleep 60 s more: only its watchdog ends it in time
+    assert proc.returncode == -signal.SIGKILL
     worker_pid, child_pid = map(int, proc.stdout.split()[:2])
-    assert "alive after 1.8" in proc.stdout and proc.stdout.rstrip().endswith('{"hung": 1.0}')
+    assert "alive after 1.5" in proc.stdout and proc.stdout.rstrip().endswith('{"hung": 10.0}')
     assert not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == psutil.STATUS_ZOMBIE
     assert alive_in_group(child_pid) == []
 
@@ -82,6 +80,7 @@ def test_torch_after_death_records_whatever_torch_did_and_leaves_nothing_running
             assert outcome.errors and outcome.ended == "StopIteration" and outcome.killed == 0, outcome
             if outcome.cause and outcome.cause != outcome.errors[0]:  # the designed report: two messages
                 assert outcome.errors[0] == f"RuntimeError: {ch06.TORCH_OUTER}"
+                assert outcome.kind.startswith("the wait loop's RuntimeError from the handler's RuntimeError, then ")
                 assert outcome.cause.startswith("RuntimeError: " + ch06.TORCH_HANDLER[how == "exit"])
         assert str(outcome).startswith(f'torch, how="{how}": ')
     assert not [p for p in psutil.Process().children(recursive=True) if p.pid not in before and p.is_running()
@@ -106,7 +105,7 @@ def test_minidls_outcome_is_the_same_every_time(how):
     assert outcome.errors[0].startswith("RuntimeError: " + ch06.TORCH_HANDLER[how == "exit"])
     assert len(set(outcome.errors)) == 1 and len(outcome.errors) == ch06.MAX_ERRORS
     assert outcome.workers_left == 0 and outcome.killed == 0  # the survivor was shut down before the raise
-    assert ch06.BAD_INDEX not in outcome.had and outcome.took >= 0
+    assert ch06.BAD_INDEX not in outcome.had and outcome.noticed != "no exception"
 
 
 class ScriptedLoader:
@@ -144,7 +143,7 @@ def test_an_exception_raised_between_two_lines_is_recorded_and_next_is_called_ag
     assert outcome.errors == ["RuntimeError: DataLoader worker (pid <pid>) is killed by signal: Killed.",
                               "ConnectionResetError: [Errno 104] Connection reset by peer"]
     assert outcome.had_before == 2 and outcome.ended == "StopIteration"
-    assert outcome.kind == "RuntimeError and ConnectionResetError, then StopIteration, 6 batches lost"
+    assert outcome.kind == "RuntimeError, then ConnectionResetError, then StopIteration, 6 batches lost"
 
 
 def test_a_loader_that_raises_on_every_next_is_left_after_max_errors():
