@@ -1,5 +1,7 @@
 """Say why, naming the object, when a worker under ``spawn`` or ``forkserver`` can't receive its work.
 
+The error raised is torch's, type and text; minidl adds a note to it (shown under the traceback) with the name.
+
 Those start methods pickle the dataset, ``collate_fn`` and ``worker_init_fn`` into each new process,
 inside ``Process.start()``, with multiprocessing's own pickler. minidl does not pickle them a second
 time to find out. It lets the real start judge. Only when that start fails does it pickle each
@@ -17,6 +19,7 @@ import os
 import pickle
 import sys
 import types
+import warnings
 import weakref
 from multiprocessing import context as mp_context
 from multiprocessing.reduction import ForkingPickler
@@ -74,27 +77,45 @@ def check_main_module(context, loader) -> None:
         _checked_main[loader] = key
 
 
+_PICKLE_WARNING = (  # torch 2.13's words
+    "Got pickle error when attempting to start a worker Process. "
+    "This might be because the worker Process arguments are not picklable. "
+    "Python 3.14+ changed the multiprocessing start method in non-Mac POSIX platforms "
+    "to 'forkserver', which requires the worker Process arguments to be picklable. "
+    "You can also try multiprocessing.set_start_method('fork')."
+)
+
+
 @contextlib.contextmanager
 def pickling_errors_named(context, loader):
-    """Wrap ``Process.start()``. If pickling the worker's arguments fails, name the object and say what to do."""
+    """Wrap ``Process.start()``. If pickling the worker's arguments fails, warn as torch does, and raise the error
+    torch raises, with its own text, plus a note that names the object and says what to do."""
     try:
         yield
-    except Exception as e:
-        method = _start_method(context)
-        if method not in ("spawn", "forkserver"):
-            raise
-        for what, obj in _objects(loader).items():
-            try:
-                with _spawning(method):
-                    ForkingPickler(_NullWriter(), pickle.HIGHEST_PROTOCOL).dump(obj)
-            except Exception as culprit:  # noqa: BLE001 -- any error pickle raises is the answer we look for
-                message = f"DataLoader's {what} {obj!r} can't be sent to workers started with '{method}'"
-                try:
-                    named = type(e)(f"{message}: {_hint(culprit)} ({type(culprit).__name__}: {culprit})")
-                except Exception:  # noqa: BLE001 -- an exception type built differently keeps the original
-                    raise e from None
-                raise named from e
-        raise  # none of them fails alone, so this is not a pickling problem we can name
+    except (TypeError, AttributeError, pickle.PicklingError):
+        warnings.warn(_PICKLE_WARNING, stacklevel=4)
+        _name_the_culprit(context, loader)
+        raise
+    except Exception:
+        _name_the_culprit(context, loader)
+        raise
+
+
+def _name_the_culprit(context, loader) -> None:
+    """Add a note to the exception being handled: which of the worker's objects fails to pickle, and the fix."""
+    method = _start_method(context)
+    if method not in ("spawn", "forkserver"):
+        return
+    error = sys.exception() if hasattr(sys, "exception") else sys.exc_info()[1]
+    for what, obj in _objects(loader).items():
+        try:
+            with _spawning(method):
+                ForkingPickler(_NullWriter(), pickle.HIGHEST_PROTOCOL).dump(obj)
+        except Exception as culprit:  # noqa: BLE001 -- any error pickle raises is the answer we look for
+            error.add_note(f"DataLoader's {what} {obj!r} can't be sent to workers started with '{method}': "
+                           f"{_hint(culprit)} ({type(culprit).__name__}: {culprit})")
+            return
+    # none of them fails alone, so this is not a pickling problem we can name
 
 
 def _hint(error: Exception) -> str:

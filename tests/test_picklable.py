@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import numpy as np
 import pytest
@@ -149,31 +151,57 @@ class HoldsThreadLock(tud.Dataset):
         return i
 
 
+def start_both(dataset, method, **kwargs):
+    """iter() over torch's loader and minidl's: the exception each raised, and the warnings each gave."""
+    raised, warned = [], []
+    for lib in (tud, minidl):
+        with _recorded() as caught, pytest.raises(Exception) as e:
+            iter(lib.DataLoader(dataset, num_workers=1, multiprocessing_context=method, **kwargs))
+        raised.append(e.value)
+        warned.append([str(w.message) for w in caught])
+    return raised, warned
+
+
+@contextlib.contextmanager
+def _recorded():
+    """Every warning given inside the block, even one given before."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield caught
+
+
+def assert_torchs_error_with_a_note(theirs, ours, *hint_words):
+    assert type(ours) is type(theirs) and str(ours) == str(theirs)  # torch's error, word for word
+    [note] = ours.__notes__
+    for words in hint_words:
+        assert words in note, note
+
+
 @pytest.mark.parametrize("method", METHODS)
 def test_an_object_that_cannot_be_pickled_is_named_with_the_right_hint(method):
     # Its class is importable: "move it into a module" would send the learner the wrong way.
-    with pytest.raises(TypeError, match="_thread.lock"):
-        iter(tud.DataLoader(HoldsThreadLock(), num_workers=1, multiprocessing_context=method))
-    with pytest.raises(TypeError, match="dataset .*HoldsThreadLock.*can't be pickled at all.*worker_init_fn") as e:
-        iter(minidl.DataLoader(HoldsThreadLock(), num_workers=1, multiprocessing_context=method))
-    assert "top level" not in str(e.value) and "_thread.lock" in str(e.value)
+    (theirs, ours), (their_warnings, our_warnings) = start_both(HoldsThreadLock(), method)
+    assert isinstance(ours, TypeError) and "_thread.lock" in str(ours)
+    assert_torchs_error_with_a_note(theirs, ours, "dataset ", "HoldsThreadLock", "can't be pickled at all",
+                                    "worker_init_fn")
+    assert "top level" not in ours.__notes__[0]
+    assert our_warnings == their_warnings and len(our_warnings) == 1  # torch's warning, as torch gives it
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_lock_from_a_fork_context_raises_runtime_error_with_the_hint(method):
-    # torch lets multiprocessing's RuntimeError through as it is; minidl keeps its type and adds the fix.
+    # torch lets multiprocessing's RuntimeError through as it is; so does minidl, with the fix in a note.
     dataset = HoldsShared("Lock", multiprocessing.get_context("fork").Lock())
-    with pytest.raises(RuntimeError, match="fork context"):
-        iter(tud.DataLoader(dataset, num_workers=1, multiprocessing_context=method))
-    with pytest.raises(RuntimeError, match=f"dataset .*HoldsShared.*'{method}'.*get_context"):
-        iter(minidl.DataLoader(dataset, num_workers=2, multiprocessing_context=method))
+    (theirs, ours), _ = start_both(dataset, method)
+    assert isinstance(ours, RuntimeError) and "fork context" in str(ours)
+    assert_torchs_error_with_a_note(theirs, ours, "dataset ", "HoldsShared", f"'{method}'", "get_context")
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_lambda_is_named_and_told_to_move_to_a_module(method):
-    with pytest.raises((pickle.PicklingError, AttributeError), match="collate_fn.*top level of a .py file"):
-        iter(minidl.DataLoader(toy.RangeDataset(4), num_workers=1, multiprocessing_context=method,
-                               collate_fn=lambda b: b))
+    (theirs, ours), _ = start_both(toy.RangeDataset(4), method, collate_fn=lambda b: b)
+    assert isinstance(ours, pickle.PicklingError | AttributeError)
+    assert_torchs_error_with_a_note(theirs, ours, "collate_fn", "top level of a .py file")
 
 
 class CellDataset(minidl.Dataset):
