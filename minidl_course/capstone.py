@@ -162,7 +162,7 @@ class Run:
         return sum(self.epochs)
 
     def line(self, label: str) -> str:
-        return (f"{label:<28} first epoch {self.epochs[0]:6.2f} s, then {self.per_epoch:6.2f} s an epoch, "
+        return (f"{label:<40} first epoch {self.epochs[0]:6.2f} s, then {self.per_epoch:6.2f} s an epoch, "
                 f"waiting for data {self.waiting_share:4.0%}")
 
 
@@ -198,6 +198,9 @@ class Step:
         out = [f"{self.lever}, on top of: {command(self.before.config)}", self.before.line("  now")]
         out += [r.line("  " + (" ".join(flags(changed(self.before.config, r.config))) or "(its defaults)"))
                 for r in self.tried]
+        if any(name in changed(self.before.config, r.config) for r in self.tried for name in NEEDS_WORKERS) and \
+                self.before.config.get("num_workers", 0) == 0:
+            out.append("  (--num-workers added: this lever needs workers, and none were kept)")
         if self.note:
             out.append(self.note)
         best = self.best
@@ -267,9 +270,9 @@ class Tuning:
 
     def table(self) -> list[dict]:
         """A row for the baseline, then one per lever (its fastest try, kept or not), speed-ups over the baseline."""
-        rows = [{"lever": "baseline", "change": "(none)", "kept": True, "run": self.baseline}]
+        rows = [{"lever": "baseline", "change": "(the script's defaults)", "kept": True, "run": self.baseline}]
         for s in self.steps:
-            rows.append({"lever": s.lever, "change": " ".join(flags(s.best.config)) or "(none)",
+            rows.append({"lever": s.lever, "change": " ".join(flags(changed(s.before.config, s.best.config))),
                          "kept": s.kept is not None, "run": s.best})
         for row in rows:
             row.update(first=row["run"].epochs[0], epoch=row["run"].per_epoch, waiting=row["run"].waiting_share,
@@ -291,7 +294,7 @@ class Tuning:
 
 def print_table(rows: list[dict]) -> None:
     """The lever table, one row a line."""
-    print(f"{'lever':<22}{'change tried':<48}{'kept':<6}{'first epoch':>12}{'an epoch':>10}{'waiting':>9}"
+    print(f"{'lever':<22}{'its fastest try':<48}{'kept':<6}{'first epoch':>12}{'an epoch':>10}{'waiting':>9}"
           f"{'speed-up':>10}")
     for r in rows:
         change = r["change"] if len(r["change"]) <= 46 else "..." + r["change"][-43:]
