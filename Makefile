@@ -55,11 +55,10 @@ unit: setup
 
 # The tests that start process workers, again with the default start method set to forkserver (Linux
 # from Python 3.14): tests/start_method/sitecustomize.py reads MINIDL_START_METHOD in every process of the run.
-# Tests about fork itself ask for it by name. test_state_save_points.py runs its cases that start worker processes
-# there, with fewer save points (see OTHER_START_METHOD in it).
+# Tests about fork itself ask for it by name. The resume tests run their cases that start worker processes there,
+# with fewer save points (see OTHER_START_METHOD in tests/resumetools.py).
 MP_TESTS := tests/test_worker.py tests/test_dataloader.py tests/test_torch_parity_loader.py tests/test_faults.py \
-	tests/test_shutdown.py tests/test_state.py tests/test_state_out_of_order.py tests/test_state_resume_cases.py \
-	tests/test_state_save_points.py tests/test_pin_memory.py tests/test_datapipes.py
+	tests/test_shutdown.py $(wildcard tests/test_resume_*.py) tests/test_pin_memory.py tests/test_datapipes.py
 
 # The randomized resume test draws 12 settings under fork (make unit) and 4 here.
 unit-forkserver: setup
@@ -72,7 +71,7 @@ unit-forkserver: setup
 # a worker that is this process's own child (its death reaches our SIGCHLD handler, as under fork) yet takes
 # seconds to start, as it imports torch anew: the death of a worker still starting or mid-epoch (test_faults), and
 # shutdown and the main-module guard (test_shutdown). test_picklable, test_worker's every-start-method test, and the
-# spawn tests of test_state_save_points and test_datapipes name spawn themselves, so `make unit` runs them.
+# spawn tests of test_resume_mid_epoch and test_datapipes name spawn themselves, so `make unit` runs them.
 SPAWN_TESTS := tests/test_faults.py tests/test_shutdown.py
 unit-spawn: setup
 	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=spawn $(PYTEST) $(XDIST) $(SPAWN_TESTS)

@@ -16,6 +16,7 @@ Delete those lines and the layers' files, and the loader runs without them (test
 from __future__ import annotations
 
 import atexit
+import contextlib
 import functools
 import itertools
 import math
@@ -511,6 +512,10 @@ class _BaseDataLoaderIter:
     def _layer_workers(self, worker_id: int) -> tuple:
         """The layers' worker sides for worker ``worker_id``, passed in ``_WorkerOptions.layers`` (see worker.py)."""
         return ()
+
+    def _hand_overs_unrecorded(self):
+        """A block whose hand-overs a layer drops (resume's replay): the other layers record none of them."""
+        return contextlib.nullcontext()
     # <<< layer: shared
 
     def __iter__(self):

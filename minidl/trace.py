@@ -17,6 +17,7 @@ once more. Time a loader untraced; trace it to see where the time goes.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
@@ -330,7 +331,24 @@ class _TracedIterMixin:
         self._trace_batch = None  # the batch being handed back
         self._last_yield = None  # when the consumer last got a batch
 
+    @contextlib.contextmanager
+    def _hand_overs_unrecorded(self):
+        """Record no hand-over while the block runs (resume's replay drops those batches: the consumer never has
+        them); the steps inside are recorded as ever."""
+        self._recording_hand_overs = False
+        try:
+            yield
+        finally:
+            self._recording_hand_overs, self._last_yield = True, None
+
+    _recording_hand_overs = True
+
     def __next__(self):
+        if not self._recording_hand_overs:
+            try:
+                return super().__next__()
+            finally:
+                self._trace.extend(self._recorder.take())
         start = now()
         if self._last_yield is not None:
             self._consumer_recorder.add("consumer", self._trace_batch, self._last_yield, start)
