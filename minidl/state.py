@@ -165,6 +165,8 @@ class _StatefulWorker:
     state with that task's batch (and with an end, and a new epoch's ack). ``resume``: where the first fetcher
     starts (None: as seeded)."""
 
+    results = None  # the result queue, once called in the worker (found here before that: no __getattr__ loop)
+
     def __init__(self, resume: dict | None) -> None:
         self.resume, self.fetcher, self.flagged = resume, None, None
 
