@@ -72,9 +72,11 @@ unit-forkserver: setup
 # seconds to start, as it imports torch anew: the death of a worker still starting or mid-epoch (test_faults), and
 # shutdown and the main-module guard (test_shutdown). test_picklable, test_worker's every-start-method test, and the
 # spawn tests of test_resume_mid_epoch and test_datapipes name spawn themselves, so `make unit` runs them.
-SPAWN_TESTS := tests/test_faults.py tests/test_shutdown.py
+# The randomized resume sweep runs here too (3 settings): each resumed loader's workers unpickle what it sends.
+SPAWN_TESTS := tests/test_faults.py tests/test_shutdown.py tests/test_resume_sweep.py
 unit-spawn: setup
-	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=spawn $(PYTEST) $(XDIST) $(SPAWN_TESTS)
+	PYTHONPATH=$(CURDIR):$(CURDIR)/tests/start_method MINIDL_START_METHOD=spawn MINIDL_RESUME_EXAMPLES=3 \
+		$(PYTEST) $(XDIST) $(SPAWN_TESTS)
 
 
 # Every notebook, run in a fresh kernel and compared with its committed outputs, in quick mode, with the default
