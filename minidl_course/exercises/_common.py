@@ -31,8 +31,7 @@ def _loaders() -> tuple[tuple[str, type], ...]:  # an answer must work in minidl
 
 
 class _Checks:
-    """Counts the checks passed; ``fail`` raises the first mismatch with its case and a hint. Refuses a reference
-    answer among the answers it is made with."""
+    """Counts the checks passed; ``fail`` raises the first mismatch with its case and a hint; refuses a reference."""
 
     def __init__(self, *answers: Any) -> None:
         refuse_reference(*answers)
@@ -73,14 +72,14 @@ class _Checks:
         with self.watching(library, case, problem, hint):
             return call(fn, *args, what=what, case=case, explain=explain) if what else fn(*args)
 
-    def refuse_cell_function(self, fn: Any, problem: str, hint: str, start_method: str | None = None) -> None:
+    def refuse_cell_function(self, fn: Any, hint: str, start_method: str | None = None) -> None:
         """Fail when ``fn`` was defined in a notebook cell and workers start with ``start_method`` (this platform's
         default if None) other than fork: a spawn or forkserver worker imports it, a forked one has it already."""
         method = start_method or multiprocessing.get_start_method()
         if (method != "fork" and getattr(fn, "__module__", None) == "__main__"
                 and not hasattr(sys.modules.get("__main__"), "__file__")):
-            self.fail(f"{getattr(fn, '__name__', fn)!r}, defined in this notebook", problem.format(method=method),
-                      hint)
+            self.fail(f"{getattr(fn, '__name__', fn)!r}, defined in this notebook", f"workers started with {method} "
+                      "can't import a function defined in a notebook cell", hint)
 
 
 def first_hint(default: str, *cases: tuple[Any, str]) -> str:
@@ -90,8 +89,8 @@ def first_hint(default: str, *cases: tuple[Any, str]) -> str:
 
 @contextmanager
 def yours(what: str, case: str, explain: Explain = None) -> Iterator[None]:
-    """The one way a checker runs learner code: an exception goes on with a note of what raised it, for which case;
-    ``explain(e)`` may first turn a known mistake into a hint."""
+    """How a checker runs learner code: an exception gets a note of what raised it, for which case, unless
+    ``explain(e)`` first turns it into a failed check."""
     try:
         yield
     except Exception as e:

@@ -41,8 +41,7 @@ class Rounds(dict):
 
 def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True,
                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
-    """Seconds per call of each function on the checker's clock: a warm-up each, then ``rounds`` rounds, the order
-    rotating from one round to the next."""
+    """Seconds per call of each function: a warm-up each, then ``rounds`` rounds, the order rotating each round."""
     names, times = list(fns), {name: [] for name in fns}
     for r in range(-1 if warmup else 0, rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
@@ -82,8 +81,7 @@ def off_the_clock(yours: Sequence[float], ours: Sequence[float], factor: float =
 
 
 def latest_medians(figures: Sequence[float], least: int = 3) -> list[float]:
-    """The medians of the latest ``least`` or more of ``figures`` (all of them, if fewer): what a learner's cell may
-    have reported of the figures the checker logged as it ran."""
+    """The medians of the latest ``least`` or more of ``figures`` (all, if fewer): what a learner's cell may report."""
     return [statistics.median(figures[-k:]) for k in range(min(least, len(figures)) or 1, len(figures) + 1)]
 
 
@@ -157,8 +155,3 @@ def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:
     """``measure()``, and once more if ``agree`` says no: a burst of load rarely flips both."""
     first = measure()
     return first if agree(first) else measure()
-
-
-def unless_close(measure: Callable[[], M], reported: Any, figure: Callable[[M], float], factor: float) -> M:
-    """``twice``, agreeing when ``reported`` is a number within ``factor`` of the measurement's ``figure``."""
-    return twice(measure, lambda m: close(as_number(reported) or 0, figure(m), factor))

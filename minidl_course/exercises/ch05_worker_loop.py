@@ -68,8 +68,7 @@ def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None
     seeded task lists in a thread (where a hang or a crash can be seen and explained), then in two worker processes
     started with ``start_method`` (this platform's default if None)."""
     checks = _Checks(worker_loop)
-    checks.refuse_cell_function(worker_loop, "a worker process started with {method} can't import a function "
-                                "defined in a notebook cell", MODULE_FILE, start_method)
+    checks.refuse_cell_function(worker_loop, MODULE_FILE, start_method)
     for case in _cases():
         _check_in_thread(worker_loop, checks, *case)
         checks.passed += 1

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 from collections.abc import Callable
 
 import numpy as np
@@ -104,9 +103,7 @@ def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:
         checks.first(case, *((True, f"workers 0 and {k} draw the same numbers: {draws[0][:2]}...", "make the seed "
                               "depend on the worker, as info.seed does.") for k in range(1, num_workers)
                              if draws[k] == draws[0]))
-    if (method := multiprocessing.get_start_method()) != "fork":
-        checks.refuse_cell_function(worker_init_fn, f"workers started with {method} can't import a function defined "
-                                    "in a notebook cell", "import it from the module file the %%writefile cell writes.")
+    checks.refuse_cell_function(worker_init_fn, "import it from the module file the %%writefile cell writes.")
     # Each loader without persistent workers; torch's with them too, where info.seed stays the same every epoch
     for name, loader_cls, persistent in [(*loader, False) for loader in _loaders()] + [(*_loaders()[1], True)]:
         case = (f"{name}(AugmentedDataset(24), batch_size=4, num_workers=3, persistent_workers={persistent}, "

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import random
 import warnings
 from collections import Counter
@@ -98,9 +97,7 @@ def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
             (s := rng.randint(0, 20), s + rng.randint(0, 30), rng.randint(1, 6)) for _ in range(20)]:
         _check_shards(worker_init_fn, start, end, num_workers, library, checks)
         checks.passed += 1
-    if (method := multiprocessing.get_start_method()) != "fork":
-        checks.refuse_cell_function(worker_init_fn, f"workers started with {method} can't import a function defined "
-                                    "in a notebook cell", "import it from a module file (as in ch05_worker_loop).")
+    checks.refuse_cell_function(worker_init_fn, "import it from a module file (as in ch05_worker_loop).")
     for (name, loader_cls), num_workers in ((loader, k) for loader in _loaders() for k in (1, 2, 3)):
         case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
         with in_loader(case, checks):
