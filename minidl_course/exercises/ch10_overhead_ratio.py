@@ -23,8 +23,7 @@ EPOCHS: deque[tuple[str, float]] = deque(maxlen=4096)  # (loader, seconds per ba
 
 
 def make_loaders(batches: int = BATCHES) -> dict[str, Any]:
-    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)``, batch_size=1 (all an epoch does is load),
-    each epoch's batches stamped on the checker's clock, its seconds per batch noted in ``EPOCHS``."""
+    """minidl's and torch's DataLoader over ``toy.RangeDataset(batches)``, batch_size=1, each epoch noted in EPOCHS."""
     dataset = toy.RangeDataset(batches)
     return {"minidl": Clocked(DataLoader(dataset, batch_size=1), "minidl"),
             "torch": Clocked(_torch().utils.data.DataLoader(dataset, batch_size=1), "torch")}
@@ -47,8 +46,7 @@ class PacedLoader:
 
 
 class Clocked:
-    """``loader`` with each batch's arrival stamped on the checker's clock; with a ``name``, an epoch run to its end is
-    noted in ``EPOCHS``."""
+    """``loader``, each batch's arrival stamped on the checker's clock; with a ``name``, each whole epoch in EPOCHS."""
 
     def __init__(self, loader: Iterable, name: str = "") -> None:
         self.loader, self.name, self.arrivals = loader, name, []
@@ -65,13 +63,6 @@ class Clocked:
         return len(self.loader)
 
 
-def timed(per_batch_seconds: Callable[[Iterable], Any], loader: Iterable, name: str) -> tuple[Any, float]:
-    """Your ``per_batch_seconds`` on ``loader``, and the checker's seconds per batch for the same epoch (0.0: none)."""
-    clocked = Clocked(loader)
-    got, a = call(per_batch_seconds, clocked, what="per_batch_seconds", case=f"the {name} loader"), clocked.arrivals
-    return got, (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else 0.0
-
-
 def logged(epochs: Iterable[tuple[str, float]] = EPOCHS) -> harness.Rounds:
     """The rounds your notebook ran on ``make_loaders()``' loaders: an epoch of each, one right after the other."""
     epochs, rounds, k = list(epochs), harness.Rounds({"minidl": [], "torch": []}), 0
@@ -86,8 +77,8 @@ def logged(epochs: Iterable[tuple[str, float]] = EPOCHS) -> harness.Rounds:
 
 def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
                    measure: Callable[[], harness.Rounds] = logged) -> harness.Rounds:
-    """Check ch10: ``per_batch_seconds`` times two paced loaders right, and ``ratio`` is the median of the rounds your
-    notebook ran on ``make_loaders()``, as the checker stamped them. Raises AssertionError at the first problem."""
+    """Check ch10: ``per_batch_seconds`` times two paced loaders right; ``ratio`` is the median of your notebook's
+    rounds on ``make_loaders()``, as the checker stamped them."""
     def report(m: harness.Rounds) -> str:
         r = m.ratios("minidl", "torch")
         return (f"Your notebook's rounds, on the checker's clock: minidl {statistics.median(m['minidl']) * 1e6:.1f} µs "
@@ -101,7 +92,9 @@ def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
 def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks) -> None:
     for batches, start, every in ((11, 0.2, 0.01), (3, 0.0, 0.05)):
         case = f"a loader of {batches} batches: the first after {start} s, then one every {every} s"
-        got, ours = timed(per_batch_seconds, PacedLoader(batches, start, every), "paced")
+        clocked = Clocked(PacedLoader(batches, start, every))  # the checker's stamps of the batches you time
+        got, a = call(per_batch_seconds, clocked, what="per_batch_seconds", case="the paced loader"), clocked.arrivals
+        ours = (a[-1] - a[0]) / (len(a) - 1) if len(a) > 1 else 0.0  # seconds per batch (0.0: no epoch ran)
         if (number := harness.as_number(got)) is None:
             checks.fail(case, f"per_batch_seconds should return a number of seconds, but it returned {got!r}")
         every = ours or every  # the pace the checker clocked (a busy machine's sleeps overrun), or the loader's own
@@ -125,8 +118,7 @@ def check_timer(per_batch_seconds: Callable[[Iterable], float], checks: _Checks)
 
 
 def judge(ratio: Any, measured: harness.Rounds, checks: _Checks | None = None) -> None:
-    """``ratio`` your code's number, within ``RATIO_FACTOR`` of the median of your notebook's latest 3 or more rounds,
-    as the checker stamped them."""
+    """``ratio`` unrounded, within ``RATIO_FACTOR`` of the median of your notebook's latest 3 or more rounds."""
     checks, r = checks or _Checks(), measured.ratios("minidl", "torch")
     if not r:
         checks.fail("your rounds", "no epoch of make_loaders()' loaders ran to its end in your notebook", "time "
