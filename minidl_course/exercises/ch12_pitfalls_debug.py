@@ -52,8 +52,7 @@ class ListDataset(Dataset):
 
 
 def worker_growth(dataset: Dataset, num_workers: int = 2, batch_size: int = 5000) -> list[float]:
-    """Each worker's growth in private memory (USS: no other process moves it), in MB, from its first batch to its
-    last, over one epoch with forked workers."""
+    """Each worker's growth in private memory (USS: no other process moves it), in MB, over an epoch, forked."""
     def collate(batch: list[float]) -> tuple[int, int]:  # in the worker: its id and its private memory
         if (size := osfacts.uss_bytes()) is None:
             raise OSError(osfacts.uss().line())
@@ -121,8 +120,7 @@ KEEP = "keep two worker processes: avoiding them hides the bug instead of fixing
 
 
 def hold_lock_forever() -> threading.Thread:
-    """Start a daemon thread that holds ``LOCK`` nearly all the time (a logger writing to a slow disk, say), letting
-    go for half a millisecond each second."""
+    """Start a daemon thread that holds ``LOCK`` all but half a millisecond a second (a logger on a slow disk, say)."""
 
     def busy() -> None:
         while True:
@@ -159,8 +157,8 @@ def _run_locked_loader(loader_kwargs: dict[str, Any]) -> None:
 
 
 def run_locked_loader(loader_kwargs: Mapping[str, Any], timeout: float = HANG_TIMEOUT_S) -> Outcome:
-    """Run ``_run_locked_loader(loader_kwargs)`` in a new process in its own session: if it still runs after
-    ``timeout`` seconds, its whole process group (it and its workers) is killed, so nothing is left running."""
+    """``_run_locked_loader(loader_kwargs)`` in a new session: still running after ``timeout`` s, its process group
+    (it and its workers) is killed."""
     command = [sys.executable, "-c", f"import json, sys; from {__name__} import _run_locked_loader; "
                                      "_run_locked_loader(json.loads(sys.argv[1]))", json.dumps(dict(loader_kwargs))]
     start = time.perf_counter()
@@ -257,8 +255,8 @@ EPOCHS: list[tuple[int, float]] = []  # (num_workers, seconds) of every sweep_ep
 
 
 def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
-    """One epoch of ``DecodeDataset`` with ``num_workers`` forked workers, batch_size 4 (spawned workers would time
-    interpreter starts, not loading; Windows has only spawn), noted in ``EPOCHS``."""
+    """An epoch of ``DecodeDataset``, batch_size 4, ``num_workers`` forked (spawn would time interpreter starts; Windows
+    has only spawn), noted in ``EPOCHS``."""
     start = time.perf_counter()
     context = "fork" if num_workers > 0 and "fork" in multiprocessing.get_all_start_methods() else None
     with warnings.catch_warnings(action="ignore"):  # more workers than cores, on purpose; fork beside threads
@@ -269,14 +267,13 @@ def sweep_epoch(num_workers: int, dataset: Dataset | None = None) -> None:
 
 
 def logged(epochs: Sequence[tuple[int, float]]) -> dict[int, list[float]]:
-    """``{num_workers: [seconds of each epoch]}`` of ``epochs``."""
     return {w: [s for n, s in epochs if n == w] for w in SWEEP}
 
 
 def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = 1,
                   sweep: Sequence[int] | None = None) -> harness.Rounds:
-    """Your ``time_epoch(w)`` for each ``w`` in ``sweep`` (``SWEEP``), ``rounds`` times, each call held to the epoch
-    it ran on the checker's clock and to leaving no worker process running (``problem``: the first that did not)."""
+    """Your ``time_epoch(w)`` for each ``w`` in ``sweep`` (``SWEEP``), ``rounds`` times; ``problem``: the first call
+    off the clock of the epoch it ran, or that left a worker process running."""
     measured = harness.Rounds({w: [] for w in (SWEEP if sweep is None else sweep)})
     for w in [w for _ in range(rounds) for w in measured]:
         k, before = len(EPOCHS), set(multiprocessing.active_children())
@@ -297,9 +294,8 @@ def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = 1,
 
 def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
                       measure: Callable[[], harness.Rounds] | None = None) -> harness.Rounds:
-    """Check part 3: ``sweep`` (``{num_workers: median seconds}``) must be the medians of the epochs your notebook
-    ran, ``num_workers`` within ``TOLERANCE`` of its fastest, and your ``time_epoch`` honest when the checker runs it
-    once over ``SWEEP``."""
+    """Check part 3: ``sweep`` the medians of your notebook's epochs, ``num_workers`` within ``TOLERANCE`` of its
+    fastest, and your ``time_epoch`` on the checker's clock when the checker runs it over ``SWEEP``."""
     yours = logged(list(EPOCHS))  # your notebook's epochs, before the checker runs any
     def report(measured: harness.Rounds) -> str:
         return ("Your notebook's epochs, on the checker's clock (latest 3): " + "; ".join(
@@ -330,8 +326,7 @@ def check_answers(num_workers: Any, sweep: Any, time_epoch: Any, checks: _Checks
 
 def judge_num_workers(num_workers: int, sweep: Mapping[int, float], measured: harness.Rounds, checks: _Checks,
                       yours: Mapping[int, list[float]]) -> None:
-    """The verdict on part 3: your timer on the checker's clock, your sweep against your notebook's epochs, your
-    choice against your sweep."""
+    """Part 3: your timer against the checker's clock, your sweep against your epochs, your choice against it."""
     if measured.problem:
         checks.fail("your time_epoch, run by the checker", measured.problem, CLOCK_HINT)
     for w in SWEEP:
