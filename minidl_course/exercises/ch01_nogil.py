@@ -59,8 +59,7 @@ def one_thread(kernel: Callable[[int, int], Any], start: int, stop: int) -> list
 
 
 def logged_rounds(kernel: Any, runs: Any = RUNS) -> list[float]:
-    """The speedups of the rounds the helpers ran ``kernel`` in, on the checker's clock: a round is a one-thread run
-    and a two-thread run of the same span, one right after the other."""
+    """The speedups of the rounds the helpers ran ``kernel`` in: one thread and two, same span, one after the other."""
     mine, rounds, k = [r for r in runs if r[0] is kernel], [], 0
     while k + 1 < len(mine):
         (_, n, a, b, s), (_, m, c, d, t) = mine[k], mine[k + 1]
@@ -85,8 +84,7 @@ class Measured(NamedTuple):
 
 
 class _Yours:
-    """The kernel under a name of its own, so the runs logged under it are this call's; ``before``: its calls made
-    before one_thread or two_threads first ran it (a warm-up)."""
+    """The kernel under a name of its own, for this call's runs; ``before``: its calls before the helpers ran it."""
 
     def __init__(self, kernel: Callable[[int, int], Any]) -> None:
         self.kernel, self.before = kernel, 0
@@ -98,8 +96,7 @@ class _Yours:
 
 def measure(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
             rounds: int = ROUNDS) -> Measured:
-    """``thread_speedups(kernel, span, rounds)`` on a span the kernel takes about ``KERNEL_SECONDS`` a half for, its
-    rounds clocked by the helpers, and whether it warmed up and swapped the order."""
+    """``thread_speedups(kernel, span, rounds)``, a half of the span ``KERNEL_SECONDS`` long, clocked by the helpers."""
     yours, n, took = logged_rounds(kernel), 250, 0.0  # the notebook's rounds, before the checker runs any
     kernel(1, 100)  # compiled, before it is timed
     while took <= 0.02 and n <= 1 << 26:
@@ -138,7 +135,7 @@ STANDINS = ((functools.partial(_standin, contextlib.nullcontext()), 2.0,
 def check_nogil(kernel: Callable[[int, int], Any], thread_speedups: Callable[[Callable, int, int], Any],
                 speedup: Any, measure: Callable[[Callable, Callable], Measured] = measure) -> Measured:
     """Check ch01: the kernel's output, ``thread_speedups(kernel, span, rounds)`` (on two stand-ins of known speedup,
-    then on yours), its Numba options, and ``speedup``. Prints what it measured; raises AssertionError with a hint."""
+    then on yours), its Numba options, and ``speedup``."""
     def report(m: Measured) -> str:
         two = [", ".join(f"{x:.2f}" for x in xs) for xs in (m.speedups, m.clocked, m.yours[-12:])]
         nogil = (getattr(kernel, "targetoptions", None) or {}).get("nogil")
