@@ -41,8 +41,7 @@ def expected_epochs(lengths: list[int], batch_size: int, drop_last: bool, shuffl
 
 
 def check_sampler(sampler_cls: Callable[..., Any]) -> None:
-    """Check ch02_sampler: ``sampler_cls(lengths, batch_size, drop_last, shuffle, generator)`` against the spec:
-    ``len()`` and three epochs on each case, then inside minidl's and torch's DataLoader."""
+    """Check ch02_sampler: ``sampler_cls(lengths, batch_size, drop_last, shuffle, generator)``, then in both loaders."""
     torch = _torch()
     checks = _Checks(sampler_cls)
     library = {"minidl's BatchSampler": (BatchSampler,), "torch's BatchSampler": (torch.utils.data.BatchSampler,)}

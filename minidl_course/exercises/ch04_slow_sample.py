@@ -64,8 +64,7 @@ def slow_loader(n: int = 48, slow_index: int = 29, batch_size: int = 4, num_work
 
 
 def check_slow_sample(find_slow_sample: Callable[[DataLoader], int]) -> None:
-    """Check ch04_slow_sample: ``find_slow_sample(loader)`` names the slow sample of each of a few traced loaders,
-    each with its own; the checker times every sample itself, one at a time, and says what it measured."""
+    """Check ch04_slow_sample: ``find_slow_sample(loader)`` names the slow sample the checker times, in each loader."""
     checks, report = _Checks(find_slow_sample), []
     for n, slow, batch_size, workers, shuffle in CASES:
         loader = slow_loader(n, slow, batch_size, workers, shuffle, seed=n)

@@ -105,8 +105,7 @@ def wait_share(make_loader: Callable[[Records], Any], seed: int = 0) -> Run:
 
 
 def check_keep_up(make_loader: Callable[[Records], Any], seed: int = 7) -> None:
-    """Check ch05_keep_up: the batches are ``DataLoader(records, batch_size=16)``'s and the step waits at most
-    ``MAX_WAIT`` of a typical batch's loop, on the checker's clock (a second try with a fresh loader if not)."""
+    """Check ch05_keep_up: ``DataLoader(records, batch_size=16)``'s batches, the step waiting at most ``MAX_WAIT``."""
     case = f"make_loader(Records(seed={seed})), {N} records in batches of {BATCH}, a {STEP_S * 1e3:.0f} ms step"
     checks = _Checks(make_loader)
 

@@ -64,9 +64,8 @@ def _cases() -> Iterator[tuple[str, Any, Callable, list[Task], float]]:
 
 
 def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None = None) -> None:
-    """Check ch05_worker_loop: ``worker_loop(dataset, index_queue, result_queue, collate_fn)`` against the spec on
-    seeded task lists in a thread (where a hang or a crash can be seen and explained), then in two worker processes
-    started with ``start_method`` (this platform's default if None)."""
+    """Check ch05_worker_loop: ``worker_loop(dataset, index_queue, result_queue, collate_fn)`` against the spec in a
+    thread (where a hang or crash can be explained), then in two processes started with ``start_method``."""
     checks = _Checks(worker_loop)
     checks.refuse_cell_function(worker_loop, MODULE_FILE, start_method)
     for case in _cases():
@@ -199,8 +198,7 @@ def _compare(k, want, got, tasks, dataset, case, checks: _Checks) -> None:
 
 
 def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, collate_fn, raised=None) -> None:
-    """A worker's target: run ``worker_loop``; an error it raises goes to ``raised`` (a thread's), or else, wrapped,
-    back to the main process, which raises it."""
+    """A worker's target: an error ``worker_loop`` raises goes to ``raised`` (a thread's), else to the main process."""
     try:
         worker_loop(dataset, index_queue, result_queue, collate_fn)
     except BaseException as e:  # noqa: B036 -- anything the learner's loop raises is reported
@@ -213,9 +211,8 @@ def _guarded_worker(worker_loop, worker_id, dataset, index_queue, result_queue, 
 def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: Sequence[Task],
                          collate_fn: Callable = default_collate, num_workers: int = 2,
                          start_method: str | None = None, timeout: float = 60.0) -> dict[int, Any]:
-    """Notebook 05's main process, in small: deal ``tasks`` round-robin to ``num_workers`` processes running
-    ``worker_loop`` (``start_method`` None: this platform's default), a ``None`` each once every answer is in;
-    return ``{task_idx: batch}``. An error raised by the loop itself (not by a sample) is raised here."""
+    """Notebook 05's main process, in small: ``tasks`` dealt round-robin to ``num_workers`` processes running
+    ``worker_loop``, a ``None`` each once all answers are in; ``{task_idx: batch}``. The loop's own error is raised."""
     ctx = multiprocessing.get_context(start_method)
     index_queues, result_queue = [ctx.Queue() for _ in range(num_workers)], ctx.Queue()
     workers = [ctx.Process(target=_guarded_worker, args=(worker_loop, i, dataset, q, result_queue, collate_fn),

@@ -13,9 +13,8 @@ from minidl_course.exercises.ch06_sharding import SeenInfo, as_worker, in_loader
 
 
 class AugmentedDataset(Dataset):
-    """Item ``i`` is ``(i, a random draw)``, as a random augmentation would make; draws come from ``self.rng``.
-
-    The bug is on purpose: ``self.rng`` is created once, here, so each worker gets a copy in the same state.
+    """Item ``i`` is ``(i, a random draw)`` from ``self.rng``, created once, here: a bug on purpose, as each worker
+    gets a copy in the same state.
 
     >>> ds = AugmentedDataset(4)
     >>> [round(draw, 3) for _, draw in (ds[0], ds[1])]

@@ -61,8 +61,7 @@ def as_worker(info: Any) -> Iterator[None]:
 
 def call_as_worker(worker_init_fn: Callable[[int], None], dataset: Any, worker_id: int = 0, num_workers: int = 1,
                    seed: int = 0) -> Any:
-    """Call ``worker_init_fn(worker_id)`` here, as worker ``worker_id`` of ``num_workers`` would, ``dataset`` as its
-    copy (``as_worker``); return ``dataset``."""
+    """``worker_init_fn(worker_id)`` called here as that worker's, ``dataset`` its copy (``as_worker``); ``dataset``."""
     with as_worker(SeenInfo(worker_id, num_workers, seed, dataset)):
         worker_init_fn(worker_id)
     return dataset

@@ -65,9 +65,8 @@ def _cases() -> Iterator[tuple[str, list[tuple[Any, Any]], list[float], list[flo
 
 
 def check_prefetcher(prefetcher: Callable[..., Iterable[Any]]) -> None:
-    """Check ch08_prefetcher: ``prefetcher(loader, mean, std)`` (a generator function or a class) yields every batch
-    once, in order, normalised by the spec's formula, fetching batch k + 1 (never k + 2) before handing out batch k;
-    then over a ``minidl.DataLoader``."""
+    """Check ch08_prefetcher: ``prefetcher(loader, mean, std)`` yields every batch once, in order, normalised, batch
+    k + 1 (never k + 2) fetched before batch k is handed out; then over a ``minidl.DataLoader``."""
     from minidl.prefetch import PrefetchLoader, fast_collate
     checks = _Checks(prefetcher)
     library = {"minidl's PrefetchLoader": (PrefetchLoader,)}

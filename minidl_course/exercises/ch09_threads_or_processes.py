@@ -87,8 +87,8 @@ class Measured(harness.Rounds):
 
 
 def timed(time_methods: Callable, run: Callable[[str], Any], rounds: int, case: str) -> tuple[Any, Any, str]:
-    """Your ``time_methods`` on ``run`` on the checker's Stopwatch: what it returned, as ``{method: [seconds]}``
-    (None if not that), and where it first left the checker's clock ("" if nowhere)."""
+    """Your ``time_methods`` on a Stopwatch of ``run``: what it returned, as ``{method: [seconds]}`` or None, and a
+    problem: where it first left the checker's clock ("" if nowhere)."""
     watch = harness.Stopwatch(run)
     got = call(time_methods, watch, rounds, what="time_methods", case=case)
     ok = isinstance(got, Mapping) and set(got) == set(METHODS)
@@ -121,8 +121,8 @@ def measure(time_methods: Callable[[Callable[[str], Any], int], Any], rounds: in
 
 def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faster: Any,
                  measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch09: ``time_methods(run_epoch, rounds)`` times both methods right (on a stand-in, then on each workload),
-    and ``faster`` maps each workload to the worker_method it measured faster. Raises AssertionError with a hint."""
+    """Check ch09: ``time_methods(run_epoch, rounds)`` times both methods right (on a stand-in, then each workload),
+    and ``faster`` maps each workload to the worker_method it measured faster."""
     def report(measured: Measured) -> str:
         return "\n".join(f"Measured by your time_methods, {name}: "
                          + ", ".join(f"{m} {statistics.median(measured[name][m]) * 1e3:.0f} ms" for m in METHODS)

@@ -1,6 +1,5 @@
-"""Checker for ch11: where a slow transform's time goes (a per-row loop), and vectorise or add workers?
-``transform_sample`` and ``transform_batch`` must give ``per_sample_transform``'s values in a few whole-array
-operations; the learner's epoch times and choice are held to the epochs their notebook ran, on the checker's clock."""
+"""Checker for ch11, vectorise or add workers: ``transform_sample`` and ``transform_batch`` give the row loop's values
+in a few whole-array operations; the learner's epoch times and choice are held to their notebook's epochs."""
 
 from __future__ import annotations
 
@@ -9,7 +8,8 @@ import sys
 import time
 import warnings
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -53,32 +53,29 @@ class ImageDataset(TensorDataset):
         return per_sample_transform(self.tensors[0][index])
 
 
-def _logged(option: str, epoch: Callable[[], None]) -> None:
+@contextmanager
+def _logged(option: str) -> Iterator[None]:  # the block's seconds, noted in EPOCHS (if it doesn't raise)
     start = time.perf_counter()
-    epoch()
+    yield
     EPOCHS.append((option, time.perf_counter() - start))
 
 
 def workers_epoch(images: np.ndarray, num_workers: int = WORKERS) -> None:
     """Option 1: the per-sample transform inside the dataset, ``num_workers`` worker processes (one per core)."""
-    def epoch() -> None:
-        with warnings.catch_warnings(action="ignore"):  # more workers than cores where core_count() says so
-            for _ in DataLoader(ImageDataset(images), batch_size=BATCH, num_workers=num_workers, collate_fn=np.stack):
-                pass
-    _logged("workers", epoch)
+    with _logged("workers"), warnings.catch_warnings(action="ignore"):  # more workers than cores, if core_count() says
+        for _ in DataLoader(ImageDataset(images), batch_size=BATCH, num_workers=num_workers, collate_fn=np.stack):
+            pass
 
 
 def vectorised_epoch(images: np.ndarray, transform_batch: Callable[[np.ndarray], np.ndarray]) -> None:
     """Option 2: raw images, no workers, ``transform_batch`` on each batch."""
-    def epoch() -> None:
+    with _logged("vectorised"):
         for batch in DataLoader(images, batch_size=BATCH, collate_fn=np.stack):
             transform_batch(batch)
-    _logged("vectorised", epoch)
 
 
 def compare_transforms(transform_sample: Callable, transform_batch: Callable, rounds: int = 5) -> dict[str, float]:
-    """Seconds for one batch of ``BATCH`` images (median of ``rounds`` interleaved rounds): the row loop per image,
-    whole-array operations per image, and per batch. Prints them and the gain of each step."""
+    """Seconds for a batch of ``BATCH`` images, printed: the row loop per image, whole-array per image, per batch."""
     batch = make_images(BATCH, seed=1)
     times = {name: statistics.median(t) for name, t in harness.interleaved({
         "the row loop, per image": lambda: np.stack([per_sample_transform(image) for image in batch]),
@@ -178,8 +175,7 @@ class _Counted(np.ndarray):
 
 
 def python_steps(fn: Callable[[np.ndarray], Any], name: str, x: np.ndarray) -> int:
-    """Lines and calls run in Python by ``fn(x)`` (NumPy's own Python one call each), and arrays made from ``x``:
-    a loop grows with the rows or images, in Python or in C."""
+    """Lines and calls ``fn(x)`` runs in Python (NumPy's one call each), and arrays made from ``x``, however made."""
     count, _Counted.made = [0], 0
     def trace(frame, event, arg):
         count[0] += 1
