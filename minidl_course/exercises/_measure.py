@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
-from minidl_course.exercises._common import _Checks, refuse_reference
+from minidl_course.exercises._common import _Checks
 
 M = TypeVar("M")
 
@@ -18,8 +18,7 @@ M = TypeVar("M")
 def measure_then_judge(answers: Sequence[Any], check_first: Callable[[_Checks], None], measure: Callable[[], M],
                        report: Callable[[M], str], judge: Callable[[M, _Checks], None]) -> M:
     """Refuse a reference answer; check values before timing anything; measure, print the report, judge."""
-    refuse_reference(*answers)
-    checks = _Checks()
+    checks = _Checks(*answers)
     check_first(checks)
     measured = measure()
     print(report(measured))
@@ -136,19 +135,6 @@ def judge_figure(checks: _Checks, case: str, name: str, value: Any, targets: Seq
         flipped = any(close(1 / number, t, factor) for t in targets)
         checks.fail(case, off, other_way if flipped else hint)
     checks.passed += 1
-
-
-def judged_again_if_refused(refuses: Callable[[M], bool], measure: Callable[[], M], report: Callable[[M], str],
-                            judge: Callable[[M, _Checks], None], what: str) -> Callable[[M, _Checks], None]:
-    """``judge``, but a measurement that refuses the learner's ``what`` is followed by a second one, reported and
-    judged instead: the load may have changed since the learner's cell measured."""
-    def judge_again(measured: M, checks: _Checks) -> None:
-        if not getattr(measured, "problem", "") and refuses(measured):
-            print(f"Your {what} differs from this measurement, so the checker measures once more:")
-            measured = measure()
-            print(report(measured))
-        judge(measured, checks)
-    return judge_again
 
 
 def twice(measure: Callable[[], M], agree: Callable[[M], bool]) -> M:

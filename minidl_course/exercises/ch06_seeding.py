@@ -7,12 +7,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from minidl.dataset import Dataset
+from minidl_course import toy
 from minidl_course.exercises._common import _Checks, _loaders, _torch, first_hint
 from minidl_course.exercises.ch06_sharding import SeenInfo, as_worker, in_loader, none_info
 
 
-class AugmentedDataset(Dataset):
+class AugmentedDataset(toy.RangeDataset):
     """Item ``i`` is ``(i, a random draw)`` from ``self.rng``, created once, here: a bug on purpose, as each worker
     gets a copy in the same state.
 
@@ -22,11 +22,8 @@ class AugmentedDataset(Dataset):
     """
 
     def __init__(self, n: int, seed: int = 2024) -> None:
-        self.n = n
+        super().__init__(n)
         self.rng = np.random.default_rng(seed)
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, index: int) -> tuple[int, float]:
         if not 0 <= index < self.n:
@@ -44,7 +41,6 @@ NO_RUN_REPEATS = ("seed from info.seed: a seed from worker_id alone repeats ever
 
 def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) -> tuple[list[float], SeenInfo, bool]:
     """``worker_init_fn`` run as a worker: its dataset's draws, the info it read, if NumPy's global stream moved."""
-    from minidl_course import toy
     dataset = AugmentedDataset(8)
     info = SeenInfo(worker_id, num_workers, seed, dataset)  # rng=None, as a process worker's; reading it is noted
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from minidl_course import toy
 from minidl_course.exercises._common import _Checks, _loaders, yours
 
 DELEGATED = "your worker_init_fn {0}: set this worker's start and end on get_worker_info().dataset yourself."
@@ -86,7 +87,6 @@ def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
     """Check ch06_sharding: ``worker_init_fn(worker_id)`` shards a ``RangeStream`` so each sample comes once."""
     from torch.utils.data import graph_settings
 
-    from minidl_course import toy
     checks = _Checks(worker_init_fn)
     library = {"ran minidl's self-sharding toy.ShardedRange": (toy.ShardedRange,),
                "called torch's apply_sharding": (graph_settings.apply_sharding,)}
@@ -113,7 +113,6 @@ def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
 
 def _check_shards(worker_init_fn, start: int, end: int, num_workers: int, library, checks: _Checks) -> None:
     """``worker_init_fn`` called as each of ``num_workers`` workers of ``RangeStream(start, end)``: the spec's split."""
-    from minidl_course import toy
     from minidl_course.exercises.ch06_streams import RangeStream
     case, shards = f"RangeStream({start}, {end}) with num_workers={num_workers}", []
     for worker_id in range(num_workers):

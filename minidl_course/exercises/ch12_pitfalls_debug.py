@@ -26,7 +26,7 @@ from minidl_course import osfacts
 from minidl_course.cores import core_count, worker_sweep
 from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_hint, yours
-from minidl_course.toy import SlowDataset
+from minidl_course.toy import RangeDataset, SlowDataset
 
 # --- 1. copy-on-read --------------------------------------------------------------------------------
 ITEMS = 1_000_000
@@ -133,13 +133,10 @@ def hold_lock_forever() -> threading.Thread:
     return thread
 
 
-class LockedDataset(Dataset):
+class LockedDataset(RangeDataset):
     """Item ``i`` is ``i``, read while holding ``LOCK`` (as code that logs, or uses a shared client, does)."""
     def __init__(self, n: int = 16) -> None:
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
+        super().__init__(n)
 
     def __getitem__(self, index: int) -> int:
         with LOCK:
