@@ -52,8 +52,7 @@ class _Checks:
 
     @contextmanager
     def watching(self, library: Library, case: str, problem: str, hint: str) -> Iterator[None]:
-        """The block under a Tripwire on ``library`` (a class stands for its methods): a call of it fails the check,
-        whatever the block raised, with ``problem`` and ``hint`` naming it as ``{0}``."""
+        """A call of ``library`` (a class: its methods) in the block fails the check, whatever it raised, as ``{0}``."""
         fns = {getattr(v, "__func__", v): label for label, targets in library.items() for t in targets
                for v in (vars(t).values() if isinstance(t, type) else [t])}
         wire = Tripwire({fn.__code__: label for fn, label in fns.items() if hasattr(fn, "__code__")})
@@ -73,8 +72,7 @@ class _Checks:
             return call(fn, *args, what=what, case=case, explain=explain) if what else fn(*args)
 
     def refuse_cell_function(self, fn: Any, hint: str, start_method: str | None = None) -> None:
-        """Fail when ``fn`` was defined in a notebook cell and workers start with ``start_method`` (this platform's
-        default if None) other than fork: a spawn or forkserver worker imports it, a forked one has it already."""
+        """Fail when ``fn`` was defined in a notebook cell and workers start other than by fork: they import it."""
         method = start_method or multiprocessing.get_start_method()
         if (method != "fork" and getattr(fn, "__module__", None) == "__main__"
                 and not hasattr(sys.modules.get("__main__"), "__file__")):

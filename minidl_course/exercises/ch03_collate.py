@@ -1,5 +1,4 @@
-"""Checker for ch03_collate: a collate function that pads token ids and returns a mask (notebook 03), held to
-torch's ``pad_sequence``."""
+"""Checker for ch03_collate: a collate function that pads token ids and returns a mask, held to ``pad_sequence``."""
 
 from __future__ import annotations
 

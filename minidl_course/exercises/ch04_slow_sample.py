@@ -1,5 +1,4 @@
-"""Checker for ch04_slow_sample (notebook 04): name, from a traced loader, the one sample that makes an epoch slow;
-the dataset does not say which, and the checker times every sample itself."""
+"""Checker for ch04_slow_sample: name, from a traced loader, the sample that slows an epoch, as the checker times it."""
 
 from __future__ import annotations
 

@@ -55,8 +55,7 @@ def given_loader(records: Records) -> DataLoader:
 
 
 class Run(NamedTuple):
-    """One epoch on the checker's clock: each batch's wait and step, and how the loader reads. ``wait_share`` is the
-    median share of the loop spent waiting (one stall isn't the pace), each worker's first batch (its start) skipped."""
+    """One epoch on the checker's clock: each batch's wait and step, and how the loader reads."""
     waits: list[float]
     steps: list[float]
     workers: int
@@ -67,7 +66,7 @@ class Run(NamedTuple):
         return min(max(1, self.workers), len(self.waits))
 
     @property
-    def wait_share(self) -> float:
+    def wait_share(self) -> float:  # a median (one stall isn't the pace), each worker's first batch (its start) skipped
         shares = [w / (w + s) for w, s in zip(self.waits[self.skipped:], self.steps[self.skipped:]) if w + s > 0]
         return statistics.median(shares) if shares else 0.0
 

@@ -1,5 +1,4 @@
-"""Checker for ch06_seeding (notebook 06): a ``worker_init_fn`` that reseeds each worker's copy of
-``AugmentedDataset``, called as workers of two epochs would, then in both DataLoaders, looking for repeated draws."""
+"""Checker for ch06_seeding: a ``worker_init_fn`` that reseeds each worker's copy of ``AugmentedDataset``."""
 
 from __future__ import annotations
 

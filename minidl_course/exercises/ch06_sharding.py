@@ -1,5 +1,4 @@
-"""Checker for ch06_sharding: a ``worker_init_fn`` that narrows each worker's copy of a stream to its own part
-(notebook 06). Called as each worker would, then in both DataLoaders: every sample must come exactly once."""
+"""Checker for ch06_sharding: a ``worker_init_fn`` that narrows each worker's copy of a stream to its own part."""
 
 from __future__ import annotations
 

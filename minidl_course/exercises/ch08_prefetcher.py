@@ -1,5 +1,4 @@
-"""Checker for ch08_prefetcher (notebook 08): a generator that stays one batch ahead and normalises images, held to
-the spec's formula computed in float64."""
+"""Checker for ch08_prefetcher: a generator one batch ahead that normalises images, held to the formula in float64."""
 
 from __future__ import annotations
 
@@ -30,8 +29,7 @@ def make_image_batches(n_batches: int, batch_size: int = 4, channels: int = 3, s
 
 
 class RecordingLoader:
-    """A loader over ready-made batches that notes each batch it hands out in ``log`` ("fetch 0", ...), where others
-    may note theirs (a consumer's "yield 0") to show in which order things happened."""
+    """Ready-made batches, each noted in ``log`` ("fetch 0", ...) as it is handed out; others may log there too."""
 
     def __init__(self, batches: Sequence[Any], log: list[str] | None = None) -> None:
         self.batches, self.log = batches, [] if log is None else log

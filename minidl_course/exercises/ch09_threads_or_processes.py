@@ -121,8 +121,7 @@ def measure(time_methods: Callable[[Callable[[str], Any], int], Any], rounds: in
 
 def check_choice(time_methods: Callable[[Callable[[str], Any], int], Any], faster: Any,
                  measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch09: ``time_methods(run_epoch, rounds)`` times both methods right (on a stand-in, then each workload),
-    and ``faster`` maps each workload to the worker_method it measured faster."""
+    """Check ch09: ``time_methods(run_epoch, rounds)`` on a stand-in, then each workload; ``faster``, what it found."""
     def report(measured: Measured) -> str:
         return "\n".join(f"Measured by your time_methods, {name}: "
                          + ", ".join(f"{m} {statistics.median(measured[name][m]) * 1e3:.0f} ms" for m in METHODS)

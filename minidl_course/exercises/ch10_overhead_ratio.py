@@ -77,8 +77,7 @@ def logged(epochs: Iterable[tuple[str, float]] = EPOCHS) -> harness.Rounds:
 
 def check_overhead(per_batch_seconds: Callable[[Iterable], float], ratio: Any,
                    measure: Callable[[], harness.Rounds] = logged) -> harness.Rounds:
-    """Check ch10: ``per_batch_seconds`` times two paced loaders right; ``ratio`` is the median of your notebook's
-    rounds on ``make_loaders()``, as the checker stamped them."""
+    """Check ch10: ``per_batch_seconds`` on two paced loaders; ``ratio``, the median of your notebook's rounds."""
     def report(m: harness.Rounds) -> str:
         r = m.ratios("minidl", "torch")
         return (f"Your notebook's rounds, on the checker's clock: minidl {statistics.median(m['minidl']) * 1e6:.1f} µs "
