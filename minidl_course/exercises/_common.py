@@ -87,8 +87,7 @@ def first_hint(default: str, *cases: tuple[Any, str]) -> str:
 
 @contextmanager
 def yours(what: str, case: str, explain: Explain = None) -> Iterator[None]:
-    """How a checker runs learner code: an exception gets a note of what raised it, for which case, unless
-    ``explain(e)`` first turns it into a failed check."""
+    """How a checker runs learner code: an exception gets a note of what raised it, unless ``explain(e)`` fails it."""
     try:
         yield
     except Exception as e:

@@ -156,7 +156,6 @@ def check_timer(thread_speedups: Callable[[Callable, int, int], Any], checks: _C
         return 1.4 <= median <= 2.6 if want == 2 else 0.7 <= median <= 1.3
 
     for standin, want, case in STANDINS:
-        # a median outside the band is measured once more: a burst of load rarely moves both
         got = harness.twice(functools.partial(call, thread_speedups, standin, 2000, STANDIN_ROUNDS,
                                               what="thread_speedups", case=case),
                             functools.partial(in_band, want=want))

@@ -18,8 +18,7 @@ WHILE = "after each arrival, hand out held batches in a while loop (not an if) f
 
 
 class Arrivals:
-    """The answers ``(task_idx, f"batch {task_idx}")`` in arrival ``order``; ``taken`` counts those read so far,
-    ``passes`` the loops over them."""
+    """The answers ``(task_idx, f"batch {task_idx}")`` in arrival ``order``, counting those ``taken`` and ``passes``."""
     def __init__(self, order: list[int]) -> None:
         self.order, self.taken, self.passes = list(order), 0, 0
 

@@ -1,5 +1,4 @@
-"""Checker for ch05_worker_loop: the loop each worker process runs (notebook 05), checked against the spec task by
-task; ``run_worker_processes`` is the main process's side, in small, for the notebook's payoff cell."""
+"""Checker for ch05_worker_loop: the loop each worker process runs; ``run_worker_processes``: the main side."""
 
 from __future__ import annotations
 

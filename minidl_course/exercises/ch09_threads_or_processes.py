@@ -1,5 +1,4 @@
-"""Checker for exercise ch09: threads or processes for two workloads, decided by measuring. The learner's
-``time_methods(run_epoch, rounds)`` runs on a stand-in of known times, then on each workload, on the checker's clock."""
+"""Checker for exercise ch09: threads or processes for two workloads, as ``time_methods`` measures them."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Checker for exercise ch10: what minidl's DataLoader costs per batch next to torch's, as a median of ratios, each
-figure of the learner's ``per_batch_seconds(loader)`` held to the checker's stamps of the same batches."""
+"""Checker for exercise ch10: minidl's DataLoader's cost per batch next to torch's, held to the checker's stamps."""
 
 from __future__ import annotations
 

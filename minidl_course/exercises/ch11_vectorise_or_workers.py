@@ -101,8 +101,7 @@ def measure() -> Measured:
 def check_decision(transform_sample: Callable[[np.ndarray], np.ndarray],
                    transform_batch: Callable[[np.ndarray], np.ndarray], seconds: Any, choice: Any,
                    measure: Callable[[], Measured] = measure) -> Measured:
-    """Check ch11: both transforms right and vectorised; ``seconds`` (``{"workers": s, "vectorised": s}``) the medians
-    of the epochs your notebook ran, and ``choice`` the faster."""
+    """Check ch11: both transforms right and vectorised; ``seconds`` your median epochs, ``choice`` the faster."""
     def check_first(checks: _Checks) -> None:
         check_transforms(transform_sample, transform_batch, checks)
         case = f"seconds = {seconds!r}, choice = {choice!r}"
