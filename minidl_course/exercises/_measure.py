@@ -1,5 +1,4 @@
-"""What the measuring checkers share: one rhythm (``measure_then_judge``), rotating rounds, the checker's own clock
-(``Stopwatch``, ``off_the_clock``) that the learner's figures are held to, and one verdict on a figure."""
+"""What the measuring checkers share: one rhythm, rotating rounds, the checker's own clock, one verdict on a figure."""
 
 from __future__ import annotations
 

@@ -186,8 +186,7 @@ def check_output(kernel: Callable[[int, int], Any], checks: _Checks) -> None:
 
 
 def judge(kernel: Any, speedup: Any, measured: Measured, checks: _Checks | None = None) -> None:
-    """From the measurement alone: the kernel compiled with ``nogil=True``, each of your rounds within 1.25x of the
-    checker's clock, ``speedup`` within ``SPEEDUP_FACTOR`` of the median of your notebook's latest 3+ rounds."""
+    """From the measurement alone: ``nogil=True``, your rounds on the checker's clock, ``speedup`` their median."""
     checks, options, rounds = checks or _Checks(), getattr(kernel, "targetoptions", None), measured.yours
     if not (options or {}).get("nogil"):
         checks.fail("your kernel's Numba options", "it was compiled without nogil=True" if options is not None else

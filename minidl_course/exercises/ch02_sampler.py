@@ -1,5 +1,4 @@
-"""Checker for ch02_sampler: a batch sampler of similar-length samples (notebook 02), held to the spec: a stable NumPy
-argsort, cut into batches, whole batches permuted by ``torch.randperm``."""
+"""Checker for ch02_sampler: a batch sampler of similar-length samples, held to a stable argsort cut into batches."""
 
 from __future__ import annotations
 

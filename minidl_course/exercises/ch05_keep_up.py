@@ -1,5 +1,4 @@
-"""Checker for ch05_keep_up: make ``DataLoader(records, batch_size=16)`` keep up with a training step (notebook 05's
-workers, 04's batched fetch). The checker runs the learner's loader, a step after every batch, on its own clock."""
+"""Checker for ch05_keep_up: make ``DataLoader(records, batch_size=16)`` keep up with a step, on the checker's clock."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Checker for ch05_reorder: the reorder buffer ``in_order=True`` needs (notebook 05; torch's ``_task_info`` and
-``_rcvd_idx``). Workers answer in the order they finish; batch k is due once every task up to k has arrived."""
+"""Checker for ch05_reorder: the reorder buffer ``in_order=True`` needs; batch k is due once tasks 0..k have arrived."""
 
 from __future__ import annotations
 

@@ -63,8 +63,7 @@ def _cases() -> Iterator[tuple[str, Any, Callable, list[Task], float]]:
 
 
 def check_worker_loop(worker_loop: Callable[..., None], start_method: str | None = None) -> None:
-    """Check ch05_worker_loop: ``worker_loop(dataset, index_queue, result_queue, collate_fn)`` against the spec in a
-    thread (where a hang or crash can be explained), then in two processes started with ``start_method``."""
+    """Check ch05_worker_loop: ``worker_loop`` in a thread (a hang can be explained), then in two processes."""
     checks = _Checks(worker_loop)
     checks.refuse_cell_function(worker_loop, MODULE_FILE, start_method)
     for case in _cases():

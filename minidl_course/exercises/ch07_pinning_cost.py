@@ -1,5 +1,4 @@
-"""Checker for ch07: the OS's share of pinning new memory per batch (a new buffer, locked with ``mlock``), without a
-GPU: ``pin_copy`` timed against a copy into a reused buffer; the learner's ``ratio``, ``reuse_pays`` held to it."""
+"""Checker for ch07, without a GPU: a new buffer locked (``mlock``) per batch, timed against a reused one."""
 
 from __future__ import annotations
 

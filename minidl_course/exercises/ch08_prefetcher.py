@@ -63,8 +63,7 @@ def _cases() -> Iterator[tuple[str, list[tuple[Any, Any]], list[float], list[flo
 
 
 def check_prefetcher(prefetcher: Callable[..., Iterable[Any]]) -> None:
-    """Check ch08_prefetcher: ``prefetcher(loader, mean, std)`` yields every batch once, in order, normalised, batch
-    k + 1 (never k + 2) fetched before batch k is handed out; then over a ``minidl.DataLoader``."""
+    """Check ch08_prefetcher: ``prefetcher(loader, mean, std)`` one batch ahead, normalised; then over a DataLoader."""
     from minidl.prefetch import PrefetchLoader, fast_collate
     checks = _Checks(prefetcher)
     library = {"minidl's PrefetchLoader": (PrefetchLoader,)}

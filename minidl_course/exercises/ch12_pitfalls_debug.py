@@ -1,5 +1,4 @@
-"""Checkers for exercise ch12, three loaders to debug: copy-on-read (workers' memory growth), a hang at fork (run in a
-separate process under a timeout), and how many workers (the learner's timer, held to the checker's clock)."""
+"""Checkers for exercise ch12, three loaders to debug: copy-on-read, a hang at fork, and how many workers."""
 
 from __future__ import annotations
 
@@ -35,7 +34,6 @@ LeakMeasured = namedtuple("LeakMeasured", "yours buggy")  # the median worker's 
 
 
 def item_value(index: int) -> float:
-    """What item ``index`` of every dataset in part 1 is."""
     return index * 0.5
 
 
@@ -291,8 +289,7 @@ def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = 1,
 
 def check_num_workers(num_workers: Any, sweep: Any, time_epoch: Callable[[int], float],
                       measure: Callable[[], harness.Rounds] | None = None) -> harness.Rounds:
-    """Check part 3: ``sweep`` the medians of your notebook's epochs, ``num_workers`` within ``TOLERANCE`` of its
-    fastest, and your ``time_epoch`` on the checker's clock when the checker runs it over ``SWEEP``."""
+    """Check part 3: ``sweep`` your epochs' medians, ``num_workers`` near its fastest, ``time_epoch`` on the clock."""
     yours = logged(list(EPOCHS))  # your notebook's epochs, before the checker runs any
     def report(measured: harness.Rounds) -> str:
         return ("Your notebook's epochs, on the checker's clock (latest 3): " + "; ".join(
