@@ -129,6 +129,13 @@ def training_device() -> str:
     return kind
 
 
+def torch_threads() -> int:
+    """The threads torch's intra-op pool has when not told (the script's step, unless --torch-threads says)."""
+    import torch
+
+    return torch.get_num_threads()
+
+
 def script_default_device() -> str:
     """The device the script picks when not told (its ``--device`` default)."""
     import torch
@@ -196,8 +203,7 @@ class Step:
 
     def __str__(self) -> str:
         out = [f"{self.lever}, on top of: {command(self.before.config)}", self.before.line("  now")]
-        out += [r.line("  " + (" ".join(flags(changed(self.before.config, r.config))) or "(its defaults)"))
-                for r in self.tried]
+        out += [r.line("  " + label(self.before.config, r.config)) for r in self.tried]
         if any(name in changed(self.before.config, r.config) for r in self.tried for name in NEEDS_WORKERS) and \
                 self.before.config.get("num_workers", 0) == 0:
             out.append("  (--num-workers added: this lever needs workers, and none were kept)")
@@ -205,7 +211,7 @@ class Step:
             out.append(self.note)
         best = self.best
         if self.kept is None:
-            out.append(f"not kept: the fastest, {' '.join(flags(changed(self.before.config, best.config)))}, "
+            out.append(f"not kept: the fastest, {label(self.before.config, best.config)}, "
                        f"{'saved' if self.saving(best) >= 0 else 'cost'} {abs(self.saving(best)):.0%} of the run's "
                        f"time (a change kept must save {KEEP_GAIN:.0%})")
         else:
@@ -220,6 +226,11 @@ class Step:
 def changed(old: dict, new: dict) -> dict:
     """The levers ``new`` sets differently from ``old``."""
     return {k: v for k, v in new.items() if old.get(k, DEFAULTS[k]) != v}
+
+
+def label(old: dict, new: dict) -> str:
+    """The flags that take ``old`` to ``new``; a try that changes nothing (the default, named) says so."""
+    return " ".join(flags(changed(old, new))) or "(no change: the default)"
 
 
 def command(config: dict) -> str:
@@ -260,10 +271,13 @@ class Tuning:
         return change
 
     def lever(self, name: str, changes: list[dict], note: str = "") -> Step:
-        """Try each of ``changes`` (levers to set) on top of the current best; keep the fastest if it saves enough."""
+        """Try each of ``changes`` (levers to set) on top of the current best; keep the fastest if it saves enough.
+
+        A try that changes nothing (the platform's default named, say) is measured but never kept: its gain is noise.
+        """
         tried = [self.run({**self.current.config, **self.workers_for(change)}) for change in changes]
         step = Step(name, self.current, tried, None, note)
-        if step.saving(step.best) >= KEEP_GAIN:
+        if changed(self.current.config, step.best.config) and step.saving(step.best) >= KEEP_GAIN:
             step.kept = self.current = step.best
         self.steps.append(step)
         return step
@@ -272,7 +286,7 @@ class Tuning:
         """A row for the baseline, then one per lever (its fastest try, kept or not), speed-ups over the baseline."""
         rows = [{"lever": "baseline", "change": "(the script's defaults)", "kept": True, "run": self.baseline}]
         for s in self.steps:
-            rows.append({"lever": s.lever, "change": " ".join(flags(changed(s.before.config, s.best.config))),
+            rows.append({"lever": s.lever, "change": label(s.before.config, s.best.config),
                          "kept": s.kept is not None, "run": s.best})
         for row in rows:
             row.update(first=row["run"].epochs[0], epoch=row["run"].per_epoch, waiting=row["run"].waiting_share,

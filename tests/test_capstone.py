@@ -220,6 +220,20 @@ def test_a_lever_is_kept_only_when_it_saves_keep_gain_of_the_run():
     assert [r["speedup"] for r in rows] == pytest.approx([1.0, 2.0, 3.0 / 1.45])
 
 
+def test_a_try_that_changes_nothing_is_never_kept_however_much_faster_it_ran():
+    class Noisy(Scripted):  # the same configuration, measured again, runs 40% faster: a busy machine's noise
+        def run(self, config, trace=None):
+            self.calls = getattr(self, "calls", 0) + 1
+            seconds = 3.0 if self.calls == 1 else 1.8
+            return capstone.Run(dict(config), "", [seconds] * 3, [0.5] * 3)
+
+    tuning = Noisy({})
+    tuning.baseline = tuning.current = tuning.run({"num_workers": 2})
+    step = tuning.lever("start method", [{"multiprocessing_context": None}])  # the default, unnamed
+    assert step.saving(step.best) > capstone.KEEP_GAIN
+    assert step.kept is None and tuning.current is tuning.baseline and "not kept" in str(step)
+
+
 def test_a_lever_that_needs_workers_gets_the_fastest_count_tried():
     tuning = Scripted({(): (2.0, 1.0), (("num_workers", 1),): (3.0, 2.0), (("num_workers", 2),): (2.5, 1.5),
                        (("num_workers", 2), ("persistent_workers", True)): (1.0, 0.5)})
