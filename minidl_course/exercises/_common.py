@@ -1,5 +1,4 @@
-"""What every checker shares: counting checks, running learner code, naming the first difference, and refusing a
-reference answer or one that hands its work to the library."""
+"""What every checker shares: counting checks, running learner code, the first difference, refusing borrowed work."""
 
 from __future__ import annotations
 

@@ -41,8 +41,7 @@ class SeenInfo(SimpleNamespace):
 
 @contextmanager
 def as_worker(info: Any) -> Iterator[None]:
-    """Be worker ``info.id`` here for a while, as a ``worker_init_fn`` sees it: ``get_worker_info()`` returns
-    ``info``, the RNGs are seeded as torch seeds a worker's; all put back after."""
+    """Be worker ``info.id`` as its ``worker_init_fn`` sees it (its info, its RNG seeds), all put back after."""
     import torch
     import torch.utils.data._utils.worker as torch_worker
 

@@ -267,8 +267,7 @@ def logged(epochs: Sequence[tuple[int, float]]) -> dict[int, list[float]]:
 
 def measure_sweep(time_epoch: Callable[[int], Any], rounds: int = 1,
                   sweep: Sequence[int] | None = None) -> harness.Rounds:
-    """Your ``time_epoch(w)`` for each ``w`` in ``sweep`` (``SWEEP``), ``rounds`` times; ``problem``: the first call
-    off the clock of the epoch it ran, or that left a worker process running."""
+    """``time_epoch(w)`` over ``sweep``, ``rounds`` times; ``problem``: a call off the clock or leaving workers."""
     measured = harness.Rounds({w: [] for w in (SWEEP if sweep is None else sweep)})
     for w in [w for _ in range(rounds) for w in measured]:
         k, before = len(EPOCHS), set(multiprocessing.active_children())
