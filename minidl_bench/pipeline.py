@@ -237,7 +237,10 @@ def fresh_process(kind: str, side: int) -> dict[str, float]:
     root = Path(pipeline.__file__).resolve().parents[2]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-c", FRESH_PROCESS.format(side=side, kind=kind)], env=env,
-                            capture_output=True, text=True, timeout=300, check=True)
+                            capture_output=True, text=True, timeout=300)
+    if result.returncode != 0:  # what the child said, not only that it failed
+        raise RuntimeError(f"a fresh interpreter timing the {kind!r} kernel exited with {result.returncode}:\n"
+                           f"{result.stderr[-3000:]}")
     return json.loads(result.stdout)
 
 
