@@ -234,7 +234,7 @@ print(json.dumps({{"import": imported, "first": first, "warm": sorted(warm)[len(
 
 def fresh_process(kind: str, side: int) -> dict[str, float]:
     """In a new interpreter: seconds to import Numba and the pipeline, the kernel's first call, a warm call."""
-    root = Path(pipeline.__file__).resolve().parents[2]
+    root = Path(pipeline.__file__).resolve().parents[1]  # the repository: minidl_course/ sits in it
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
     result = subprocess.run([sys.executable, "-c", FRESH_PROCESS.format(side=side, kind=kind)], env=env,
                             capture_output=True, text=True, timeout=300)

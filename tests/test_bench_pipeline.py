@@ -6,6 +6,7 @@ asserts a speed: only that every measurement is there, well formed and positive,
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -105,3 +106,21 @@ def test_measure_runs_one_group_live_with_the_csv_keys():
     assert all(r["samples"] == LIVE_QUICK.loop for r in rounds if r["task"] == "pool, loop")
     with pytest.raises(ValueError, match="group=.*'pools'"):
         measure("pools", LIVE_QUICK)
+
+
+def test_a_fresh_interpreter_finds_the_course_in_this_repository_first(monkeypatch):
+    """Its PYTHONPATH starts at the folder holding minidl_course/, never that folder's parent (whose stray files,
+    a scratch ``struct.py`` say, would shadow the standard library)."""
+    import subprocess
+
+    from minidl_bench import pipeline
+
+    seen = {}
+
+    def run(command, env, **kwargs):
+        seen["path"] = env["PYTHONPATH"].split(os.pathsep)[0]
+        return subprocess.CompletedProcess(command, 0, '{"import": 1, "first": 1, "warm": 1}', "")
+
+    monkeypatch.setattr(pipeline.subprocess, "run", run)
+    pipeline.fresh_process("compile", 16)
+    assert (Path(seen["path"]) / "minidl_course" / "pipeline.py").is_file()
