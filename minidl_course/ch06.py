@@ -83,9 +83,14 @@ class Outcome:
     cause: str | None = None  # the first exception's cause, "Type: first line", if it had one
     took: float | None = None  # seconds from the first batch to the first exception (None: it came before any)
     had_before: int | None = None  # batches received before the first exception
-    workers_left: int | None = None  # the loader's worker processes still running just after the first exception
+    workers_alive: list[int] = field(default_factory=list)  # the loader's worker processes running just after each
     ended: str = ""  # "StopIteration", "raised on every next()", or "hung"
     killed: int = 0  # processes of the loader still running afterwards, which the demonstration killed
+
+    @property
+    def workers_left(self) -> int | None:
+        """The loader's worker processes still running just after the first exception (None: there was none)."""
+        return self.workers_alive[0] if self.workers_alive else None
 
     @property
     def hung(self) -> bool:
@@ -204,10 +209,10 @@ def after_death(loader_cls: Any, how: str, context: str | None, library: str,
             outcome.had_before = len(outcome.had)
             outcome.cause = first_line(error.__cause__)
             outcome.took = None if started[0] is None else time.perf_counter() - started[0]
-            outcome.workers_left = len(_new_processes(before))
+        outcome.workers_alive.append(len(_new_processes(before)))
         outcome.errors.append(first_line(error))
         on_event({"error": outcome.errors[-1], "cause": outcome.cause, "took": outcome.took,
-                  "alive": outcome.workers_left, "had_before": outcome.had_before})
+                  "alive": outcome.workers_alive[-1], "had_before": outcome.had_before})
 
     def drive(it) -> str:
         while in_a_row[0] < MAX_ERRORS:
@@ -297,8 +302,8 @@ def _hung(how: str, events: list[dict]) -> Outcome:
             outcome.had.append(event["batch"])
         elif "error" in event:
             if not outcome.errors:
-                outcome.cause, outcome.took, outcome.workers_left = event["cause"], event["took"], event["alive"]
-                outcome.had_before = event["had_before"]
+                outcome.cause, outcome.took, outcome.had_before = event["cause"], event["took"], event["had_before"]
+            outcome.workers_alive.append(event["alive"])
             outcome.errors.append(event["error"])
     return outcome
 
