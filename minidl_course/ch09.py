@@ -8,16 +8,9 @@ sentences chosen from the numbers. Everything a worker runs lives here or in ``p
 
 from __future__ import annotations
 
-import json
-import multiprocessing
 import os
 import random
-import shutil
-import signal
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -27,7 +20,7 @@ from pathlib import Path
 import minidl
 from minidl.prefetch import fast_collate
 from minidl_course import photos
-from minidl_course.startup import StartupCost, startup_cost
+from minidl_course.startup import ScriptStart, StartupCost, startup_cost
 
 KINDS = ("no workers", "thread workers", "process workers")
 
@@ -194,78 +187,14 @@ def sample_split(dataset: PhotoEpoch, samples: int = 16) -> dict[str, float]:
 # --- What each start method costs, from a script that imports torch at the top -------------------------
 
 
-@dataclass(frozen=True)
-class StartRun:
-    """One run of ``start_cost.py`` under one start method: per epoch, the first batch's wait and the epoch's length.
-
-    ``reruns`` is how many processes other than the script's own ran its top level (``import torch`` included),
-    and ``rerun_import_s`` what that import took in each.
-    """
-
-    method: str
-    workers: int
-    first_batch_s: tuple[float, ...]
-    epoch_s: tuple[float, ...]
-    import_s: float  # ``import torch`` in the script's own process
-    rerun_import_s: tuple[float, ...]
-
-    @property
-    def reruns(self) -> int:
-        return len(self.rerun_import_s)
-
-
-def start_methods() -> list[str]:
-    """The start methods to time here: all this platform offers, but ``fork`` on macOS, where CPython calls it
-    unsafe (system libraries may have started threads) and some of them crash a forked child."""
-    offered = [m for m in multiprocessing.get_all_start_methods() if not (m == "fork" and sys.platform == "darwin")]
-    return [m for m in ("fork", "forkserver", "spawn") if m in offered]
-
-
-def start_costs(methods: Iterable[str], workers: int, epochs: int, timeout: float = 300.0) -> dict[str, StartRun]:
-    """Run ``start_cost.py`` as a training script (a copy named ``train.py`` in a folder of its own) once per method.
-
-    Each run is a fresh interpreter, as ``python train.py`` would be; raises ``RuntimeError`` with its stderr if
-    a run fails or takes longer than ``timeout`` seconds (its whole process group is killed then).
-    """
-    methods = list(methods)
-    unknown = [m for m in methods if m not in multiprocessing.get_all_start_methods()]
-    if unknown:
-        raise ValueError(f"methods should be start methods of this platform "
-                         f"({', '.join(multiprocessing.get_all_start_methods())}), got {unknown}")
-    runs = {}
-    with tempfile.TemporaryDirectory() as folder:
-        script = Path(folder) / "train.py"
-        shutil.copyfile(Path(__file__).with_name("start_cost.py"), script)
-        for method in methods:
-            log = Path(folder) / f"{method}.log"
-            env = {**os.environ, "MINIDL_START_LOG": str(log)}
-            proc = subprocess.Popen([sys.executable, str(script), method, str(workers), str(epochs)], cwd=folder,
-                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True)
-            try:
-                out, err = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                raise RuntimeError(f"train.py under {method} took longer than {timeout:.0f} s") from None
-            if proc.returncode != 0:
-                raise RuntimeError(f"train.py under {method} failed ({proc.returncode}):\n{err[-2000:]}")
-            result = json.loads(out.strip().splitlines()[-1])
-            imports = dict(line.split() for line in log.read_text().splitlines())
-            own = float(imports.pop(str(result["pid"])))
-            runs[method] = StartRun(method, workers, tuple(result["first_batch_s"]), tuple(result["epoch_s"]), own,
-                                    tuple(float(s) for s in imports.values()))
-    return runs
-
-
-def rerun_finding(run: StartRun, epochs: int) -> str:
-    """Who ran the script's top level again under ``run.method``, in words."""
-    if run.reruns == 0:
+def rerun_finding(run: ScriptStart, epochs: int) -> str:
+    """Who ran the script's top level again under ``run.method`` (``persistent=False``, ``epochs`` epochs), in words."""
+    if run.top_runs == 0:
         return "no other process ran the script's imports: each worker is a copy of the script's process"
     per = f"{statistics.median(run.rerun_import_s):.2f} s of `import torch` each"
-    if run.reruns == run.workers * epochs:
-        return f"every worker of every epoch ran the script's imports again ({run.reruns} processes, {per})"
-    if run.reruns == 1:
+    if run.top_runs == run.workers * epochs:
+        return f"every worker of every epoch ran the script's imports again ({run.top_runs} processes, {per})"
+    if run.top_runs == 1:
         return (f"one process ran the script's imports ({per}): the server, once; "
                 "its workers are copies of it")
-    return f"{run.reruns} other processes ran the script's imports ({per})"
+    return f"{run.top_runs} other processes ran the script's imports ({per})"

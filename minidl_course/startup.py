@@ -113,45 +113,83 @@ def startup_cost(make_loader: Callable[[], Iterable]) -> StartupCost:
 
 @dataclass(frozen=True)
 class ScriptStart:
-    """``start_script.py`` run once with one start method: the first-batch waits of each epoch, per setting."""
+    """``start_script.py`` run once as ``train.py`` with one start method, per setting of ``persistent_workers``
+    (False, True): each epoch's wait for its first batch and its whole length; which processes ran its top."""
 
     method: str
     workers: int
     python: str  # the CPython that ran it
-    waits: dict  # persistent (bool) -> seconds to the first batch, one per epoch
-    top_runs: int  # how many times the script's top (its `import torch`) ran in another process
+    waits: dict  # persistent (bool) -> seconds from iter() to the first batch, one per epoch
+    epoch_s: dict  # persistent (bool) -> seconds from iter() to the epoch's end, one per epoch
+    import_s: float  # ``import torch`` in the script's own process
+    rerun_import_s: tuple[float, ...]  # ``import torch`` in each other process that ran the script's top
+
+    @property
+    def top_runs(self) -> int:
+        """How many other processes ran the script's top (its ``import torch``)."""
+        return len(self.rerun_import_s)
+
+
+def start_methods() -> list[str]:
+    """The start methods to time here: all this platform offers, but ``fork`` on macOS, where CPython calls it
+    unsafe (system libraries may have started threads) and some of them crash a forked child."""
+    import sys
+
+    offered = [m for m in multiprocessing.get_all_start_methods() if not (m == "fork" and sys.platform == "darwin")]
+    return [m for m in ("fork", "forkserver", "spawn") if m in offered]
 
 
 def start_method_costs(methods: Iterable[str], workers: int = 2, epochs: int = 2, persistent: bool = True,
                        timeout: float = 600) -> list[ScriptStart]:
-    """Run ``minidl_course/start_script.py`` as its own process once per start method in ``methods``.
+    """Run ``start_script.py`` as a training script (a copy named ``train.py`` in a folder of its own), once per
+    start method in ``methods``, each in a fresh interpreter as ``python train.py`` would be.
 
     A script, not this process: a spawn or forkserver worker runs the top of the script that started it, and
     whether forkserver's server preloads it (importing torch once for every worker) depends on the CPython
-    version. ``persistent=False`` times only loaders without ``persistent_workers``.
+    version. ``persistent=False`` times only loaders without ``persistent_workers``. Raises ``ValueError`` for a
+    method this platform lacks, before any run; ``RuntimeError`` with its stderr if a run fails or takes longer
+    than ``timeout`` seconds (its whole process group is killed then).
     """
     import json
     import os
+    import shutil
+    import signal
     import subprocess
     import sys
     import tempfile
     from pathlib import Path
 
-    script = Path(__file__).with_name("start_script.py")
+    methods = list(methods)
+    unknown = [m for m in methods if m not in multiprocessing.get_all_start_methods()]
+    if unknown:
+        raise ValueError(f"methods should be start methods of this platform "
+                         f"({', '.join(multiprocessing.get_all_start_methods())}), got {unknown}")
     results = []
-    for method in methods:
-        with tempfile.TemporaryDirectory() as folder:
-            runs = Path(folder) / "top_runs"
-            runs.touch()
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "train.py"
+        shutil.copyfile(Path(__file__).with_name("start_script.py"), script)
+        for method in methods:
+            log = Path(folder) / f"{method}.log"
             args = [sys.executable, str(script), method, str(workers), str(epochs)] + ([] if persistent else ["off"])
-            done = subprocess.run(args, capture_output=True, text=True, timeout=timeout, check=False,
-                                  env={**os.environ, "MINIDL_TOP_RUNS": str(runs)})
-            if done.returncode != 0:
-                raise RuntimeError(f"start_script.py {method} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
-            out = json.loads(done.stdout.strip().splitlines()[-1])
-            top_runs = len(runs.read_text().split())
-        waits = {key == "persistent=True": value for key, value in out.items() if key.startswith("persistent=")}
-        results.append(ScriptStart(method, workers, out["python"], waits, top_runs))
+            proc = subprocess.Popen(args, cwd=folder, env={**os.environ, "MINIDL_START_LOG": str(log)},
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            try:
+                out, err = proc.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                raise RuntimeError(f"train.py under {method} took longer than {timeout:.0f} s") from None
+            if proc.returncode != 0:
+                raise RuntimeError(f"train.py under {method} failed (exit {proc.returncode}):\n{err[-2000:]}")
+            out = json.loads(out.strip().splitlines()[-1])
+            imports = dict(line.split() for line in log.read_text().splitlines())
+            own = float(imports.pop(str(out["pid"])))
+            timed = {key == "persistent=True": value for key, value in out.items() if key.startswith("persistent=")}
+            results.append(ScriptStart(method, workers, out["python"],
+                                       {k: v["first_batch_s"] for k, v in timed.items()},
+                                       {k: v["epoch_s"] for k, v in timed.items()}, own,
+                                       tuple(float(t) for t in imports.values())))
     return results
 
 

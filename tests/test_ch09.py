@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from minidl_course import ch09, photos
-from minidl_course.startup import StartupCost
+from minidl_course.startup import ScriptStart, StartupCost
 
 
 @pytest.fixture(scope="module")
@@ -127,36 +127,13 @@ def test_the_sizes_shrink_for_the_courses_test_run(monkeypatch):
     assert quick.start_epochs >= 2 and full.start_epochs >= 2  # "paid every epoch" needs a second epoch
 
 
-def test_fork_is_never_timed_on_macos(monkeypatch):
-    monkeypatch.setattr(ch09.sys, "platform", "darwin")
-    monkeypatch.setattr(ch09.multiprocessing, "get_all_start_methods", lambda: ["spawn", "fork", "forkserver"])
-    assert ch09.start_methods() == ["forkserver", "spawn"]
-    monkeypatch.setattr(ch09.sys, "platform", "linux")
-    assert ch09.start_methods() == ["fork", "forkserver", "spawn"]
-    monkeypatch.setattr(ch09.multiprocessing, "get_all_start_methods", lambda: ["spawn"])  # Windows
-    assert ch09.start_methods() == ["spawn"]
+def _run(top_runs: int) -> ScriptStart:
+    """A forkserver run of 2 workers over 2 epochs whose script's top ran in ``top_runs`` other processes."""
+    return ScriptStart("forkserver", 2, "3.13.0", {False: [1.0, 0.1]}, {False: [1.1, 0.2]}, 1.0, (0.9,) * top_runs)
 
 
-@pytest.mark.timeout(300)
-def test_a_script_reruns_its_imports_in_every_spawned_worker_and_in_no_forked_one():
-    runs = ch09.start_costs(["fork", "spawn"], workers=1, epochs=2)
-    assert list(runs) == ["fork", "spawn"]
-    for run in runs.values():
-        assert len(run.first_batch_s) == len(run.epoch_s) == 2
-        assert all(0 < f <= e for f, e in zip(run.first_batch_s, run.epoch_s)) and run.import_s > 0
-    assert runs["fork"].reruns == 0
-    assert runs["spawn"].reruns == 2  # one worker, started again in each of the two epochs
-    assert "every worker of every epoch" in ch09.rerun_finding(runs["spawn"], 2)
-    assert "no other process" in ch09.rerun_finding(runs["fork"], 2)
-
-
-def test_the_rerun_finding_names_the_forkserver_preload_when_only_the_server_ran_the_script():
-    once = ch09.StartRun("forkserver", 2, (1.0, 0.1), (1.1, 0.2), 1.0, (0.9,))
-    assert "the server, once" in ch09.rerun_finding(once, 2)
-    odd = ch09.StartRun("forkserver", 2, (1.0, 0.1), (1.1, 0.2), 1.0, (0.9, 0.8, 0.7))
-    assert ch09.rerun_finding(odd, 2).startswith("3 other processes")
-
-
-def test_a_method_this_platform_lacks_is_refused_before_any_run():
-    with pytest.raises(ValueError, match="methods should be start methods.*no-such-method"):
-        ch09.start_costs(["spawn", "no-such-method"], workers=1, epochs=1)
+def test_the_rerun_finding_says_who_ran_the_scripts_imports():
+    assert "no other process" in ch09.rerun_finding(_run(0), 2)
+    assert "the server, once" in ch09.rerun_finding(_run(1), 2)
+    assert ch09.rerun_finding(_run(4), 2).startswith("every worker of every epoch ran the script's imports again (4")
+    assert ch09.rerun_finding(_run(3), 2).startswith("3 other processes")

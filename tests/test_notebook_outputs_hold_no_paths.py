@@ -30,7 +30,7 @@ def test_every_chapter_is_read():
 def test_the_pattern_catches_a_machines_paths_and_spares_the_repositorys():
     assert all(MACHINE_PATH.search(s) for s in ("/home/ada/minidl/x.py", "/tmp/tmpab12/train.py",
                                                ".venv/lib/python3.11/site-packages/torch/x.py", "/Users/ada/x"))
-    assert not any(MACHINE_PATH.search(s) for s in ("results/x86_64-2c-py3.11-gil", "minidl_course/start_cost.py",
+    assert not any(MACHINE_PATH.search(s) for s in ("results/x86_64-2c-py3.11-gil", "minidl_course/start_script.py",
                                                    "/dev/shm/torch_1_2_3", "/proc/<pid>/fd"))
 
 

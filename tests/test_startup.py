@@ -125,28 +125,39 @@ def test_summary_says_which_part_dominates():
 
 
 @pytest.mark.timeout(300)
-def test_start_method_costs_runs_a_script_and_counts_where_its_top_ran():
+def test_a_training_script_reruns_its_imports_in_every_spawned_worker_and_in_no_forked_one():
     from minidl_course.startup import start_method_costs, start_table
 
-    (fork,) = start_method_costs(["fork"], workers=1, epochs=2)
-    assert fork.method == "fork" and fork.workers == 1 and fork.python.count(".") == 2
-    assert set(fork.waits) == {False, True} and all(len(w) == 2 and min(w) > 0 for w in fork.waits.values())
-    assert fork.top_runs == 0  # a forked worker is a copy: the script's top never runs again
+    fork, spawn = start_method_costs(["fork", "spawn"], workers=1, epochs=2)
+    for run in (fork, spawn):
+        assert run.workers == 1 and run.python.count(".") == 2 and run.import_s > 0
+        assert set(run.waits) == set(run.epoch_s) == {False, True}
+        assert all(len(run.waits[p]) == 2 and all(0 < f <= e for f, e in zip(run.waits[p], run.epoch_s[p]))
+                   for p in (False, True))
+    assert (fork.method, fork.top_runs) == ("fork", 0)  # a forked worker is a copy: the script's top never runs again
+    # spawn: one worker started in each epoch without persistent_workers, then one kept for both epochs with it
+    assert (spawn.method, spawn.top_runs) == ("spawn", 3) and all(s > 0 for s in spawn.rerun_import_s)
     assert "persistent_workers=True" in start_table([fork]) and "ran 0 times" in start_table([fork])
     (off,) = start_method_costs(["fork"], workers=1, epochs=1, persistent=False)
-    assert set(off.waits) == {False} and len(off.waits[False]) == 1
+    assert set(off.waits) == set(off.epoch_s) == {False} and len(off.waits[False]) == 1
 
 
-@pytest.mark.timeout(300)
-def test_a_spawned_worker_runs_the_scripts_top_again():
+def test_fork_is_never_timed_on_macos(monkeypatch):
+    import sys
+
+    from minidl_course import startup
+
+    monkeypatch.setattr(sys, "platform", "darwin")
+    monkeypatch.setattr(startup.multiprocessing, "get_all_start_methods", lambda: ["spawn", "fork", "forkserver"])
+    assert startup.start_methods() == ["forkserver", "spawn"]
+    monkeypatch.setattr(sys, "platform", "linux")
+    assert startup.start_methods() == ["fork", "forkserver", "spawn"]
+    monkeypatch.setattr(startup.multiprocessing, "get_all_start_methods", lambda: ["spawn"])  # Windows
+    assert startup.start_methods() == ["spawn"]
+
+
+def test_a_method_this_platform_lacks_is_refused_before_any_run():
     from minidl_course.startup import start_method_costs
 
-    (spawn,) = start_method_costs(["spawn"], workers=1, epochs=1, persistent=False)
-    assert spawn.top_runs == 1
-
-
-def test_start_method_costs_says_which_method_failed():
-    from minidl_course.startup import start_method_costs
-
-    with pytest.raises(RuntimeError, match="no-such-method"):
-        start_method_costs(["no-such-method"], workers=1, epochs=1)
+    with pytest.raises(ValueError, match="methods should be start methods.*no-such-method"):
+        start_method_costs(["spawn", "no-such-method"], workers=1, epochs=1)
