@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from minidl_bench import pipeline as B
-from minidl_course import pipeline as P
+from minidl_course import png_pipeline as P
 
 
 def time_split(side: int, n: int = 128, passes: int = 7) -> dict[str, float]:

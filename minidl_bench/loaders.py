@@ -42,6 +42,7 @@ from minidl_bench.batches import check_first_batches, first_batches, same_batch 
 from minidl_bench.harness import Session, Timing, median_ci, missing
 from minidl_bench.machine import core_count, machine_info, worker_sweep
 from minidl_course import photos
+from minidl_course.rounds import rotating
 
 REQUIRES = ("torch", "psutil", "PIL", "skimage")  # skimage: its installed files are the photographs
 BACKENDS = ("torch", "minidl process", "minidl thread")
@@ -203,13 +204,11 @@ def run_rounds(loaders: Mapping[str, Callable[[], Iterable]], repeats: int,
     starts with the warm-up. ``progress``, if given, is called with each kind's key after each measurement
     (``Session.progress`` makes one that moves the progress bar).
     """
-    names = list(loaders)
-    results: dict[str, list[T]] = {name: [] for name in names}
-    for r in range(repeats + 1):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            results[name].append(measure(loaders[name]()))
-            if progress is not None:
-                progress(name)
+    results: dict[str, list[T]] = {name: [] for name in loaders}
+    for _round, name in rotating(list(loaders), repeats):
+        results[name].append(measure(loaders[name]()))
+        if progress is not None:
+            progress(name)
     return results
 
 

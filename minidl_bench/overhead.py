@@ -14,11 +14,16 @@ Tasks (the CSV's ``task``, with what its ``size`` counts):
   ``trace=True`` against the same without; speedup against tracing off (below 1: tracing slows it down).
   Each backend's pair runs in a fresh interpreter with glibc's malloc thresholds fixed (``STEADY_MALLOC``):
   see ``traced_epochs`` for why.
+* ``resume, <workload>, <backend>, 2 workers`` (samples): an epoch of a realistic workload (``images``: the
+  photographs decoded and augmented; ``numpy``: the NumPy augmentation) with ``stateful=True`` (the resume
+  layer at its default ``snapshot_every_n_steps``) against the same with ``stateful=False``, 2 process and
+  2 thread workers; speedup against ``stateful=False`` (below 1: resume costs that much of the epoch).
 
 As in the ``loaders`` suite, compared loaders run in rotating rounds after a warm-up round, and every
 backend's first batches (traced and stateful ones too) are checked against torch's before anything is timed
 (``minidl_bench.batches.check_first_batches``).
-Every round's per-batch cost and first batch also go to ``overhead_rounds.csv``.
+Every round's per-batch cost and first batch also go to ``overhead_rounds.csv``, every resume epoch to
+``overhead_resume_rounds.csv``.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ REQUIRES = ("torch", "psutil")
 BATCH_SIZES = (1, 64)
 WORKERS = (0, 2)
 TRACE_BACKENDS = ((0, "minidl"), (2, "minidl process"), (2, "minidl thread"))
+RESUME_BACKENDS = ("minidl process", "minidl thread")  # each with RESUME_WORKERS workers
+RESUME_WORKERS = 2
 STATEFUL = " stateful=True"  # a method name's suffix: the same minidl backend built with stateful=True
 
 
@@ -82,10 +89,15 @@ class Sizes:
     trace_samples: int
     trace_images: int
     repeats: int
+    resume_images: int  # photographs per resume epoch (of a folder cut to resume_files_per_class per class)
+    resume_files_per_class: int
+    resume_numpy: int  # numpy samples per resume epoch
 
 
-FULL = Sizes(batches={1: 4000, 64: 1500}, trace_samples=8192, trace_images=4096, repeats=11)
-QUICK = Sizes(batches={1: 200, 64: 50}, trace_samples=512, trace_images=256, repeats=3)
+FULL = Sizes(batches={1: 4000, 64: 1500}, trace_samples=8192, trace_images=4096, repeats=11, resume_images=384,
+             resume_files_per_class=64, resume_numpy=8192)
+QUICK = Sizes(batches={1: 200, 64: 50}, trace_samples=512, trace_images=256, repeats=3, resume_images=32,
+              resume_files_per_class=8, resume_numpy=256)
 
 
 @dataclass(frozen=True)
@@ -115,7 +127,8 @@ def run(session: Session) -> None:
 
     sizes = QUICK if session.quick else FULL
     per_batch: dict[tuple[int, int, str], list[BatchTimes]] = {}
-    per_round = len(BATCH_SIZES) * sum(len(methods_for(w)) for w in WORKERS) + 2 * len(TRACE_BACKENDS)
+    per_round = (len(BATCH_SIZES) * sum(len(methods_for(w)) for w in WORKERS) + 2 * len(TRACE_BACKENDS)
+                 + 2 * 2 * len(RESUME_BACKENDS))
     session.plan(per_round * (sizes.repeats + 1))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -152,11 +165,15 @@ def run(session: Session) -> None:
             session.log(f"[overhead] trace numpy, {backend}, {w} workers: throughput with / without "
                         f"{_trace_ratio(traced, w, backend):.3f}; page faults per epoch, median, without / with: "
                         f"{statistics.median(faults[False][1:]):.0f} / {statistics.median(faults[True][1:]):.0f}")
+        resumed = resume_epochs(session, sizes)
     write_rows(session.out / "overhead_rounds.csv", [
         {"batch_size": bs, "workers": w, "method": b, "round": r, "per_batch_s": e.per_batch,
          "first_batch_s": e.first_batch}
         for (bs, w, b), epochs in per_batch.items() for r, e in enumerate(epochs)])
-    session.log(ratio_tables(per_batch, traced))
+    write_rows(session.out / "overhead_resume_rounds.csv", [
+        {"workload": name, "workers": RESUME_WORKERS, "method": backend, "stateful": on, "round": r,
+         "seconds": e.seconds} for (name, backend, on), epochs in resumed.items() for r, e in enumerate(epochs)])
+    session.log(ratio_tables(per_batch, traced, resumed))
     if missing("matplotlib"):
         session.skip("plots", "matplotlib not installed")
         return
@@ -212,6 +229,37 @@ def _traced_rounds(backend: str, workers: int, samples: int, images: int, repeat
         run_rounds(loaders, repeats, measure)
 
 
+def resume_epochs(session: Session, sizes: Sizes) -> dict[tuple[str, str, bool], list[Epoch]]:
+    """Epochs of the realistic workloads with ``stateful`` False and True side by side: ``{(workload, backend,
+    stateful): epochs}``, each list starting with the warm-up round's."""
+    from minidl_course import photos
+
+    data = {"images": workloads.ImageFolderWorkload(photos.photo_folder(sizes.resume_files_per_class),
+                                                    limit=sizes.resume_images),
+            "numpy": workloads.NumpyWorkload(sizes.resume_numpy, pool=min(sizes.resume_numpy, 4096))}
+    out: dict[tuple[str, str, bool], list[Epoch]] = {}
+    for name, dataset in data.items():
+        for backend in RESUME_BACKENDS:
+            task = f"resume, {name}, {backend}, {RESUME_WORKERS} workers"
+            loaders = {on: partial(make_loader, backend, dataset, RESUME_WORKERS, stateful=on) for on in (False, True)}
+            check_first_batches(f"[overhead] {task}", partial(make_loader, "torch", dataset, RESUME_WORKERS),
+                                {f"stateful={on}": make for on, make in loaders.items()}, reference_name="torch")
+            for on, epochs in run_rounds(loaders, sizes.repeats, partial(run_epoch, memory=None),
+                                         session.progress(f"{task}: stateful=")).items():
+                out[name, backend, on] = epochs
+                session.record(task, f"stateful={on}", timing([e.seconds for e in epochs]), size=len(dataset),
+                               workers=RESUME_WORKERS, baseline=not on,
+                               note="one epoch, worker start and shutdown included; snapshot_every_n_steps default")
+            session.log(f"[overhead] {task}: throughput with / without stateful {_resume_ratio(out, name, backend)}")
+    return out
+
+
+def _resume_ratio(resumed: Mapping[tuple[str, str, bool], list[Epoch]], name: str, backend: str) -> str:
+    """Throughput with ``stateful=True`` / without, per round: the median and its interval."""
+    pairs = zip(resumed[name, backend, False][1:], resumed[name, backend, True][1:])
+    return paired_ratio([off.seconds / on.seconds for off, on in pairs])
+
+
 def _minor_faults() -> int:
     """Minor page faults of this process and its exited children (each a page of fresh memory touched)."""
     return sum(resource.getrusage(who).ru_minflt for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
@@ -235,7 +283,8 @@ def _trace_ratio(traced: Mapping[tuple[int, str, bool], list[Epoch]], w: int, ba
 
 
 def ratio_tables(per_batch: Mapping[tuple[int, int, str], list[BatchTimes]],
-                 traced: Mapping[tuple[int, str, bool], list[Epoch]]) -> str:
+                 traced: Mapping[tuple[int, str, bool], list[Epoch]],
+                 resumed: Mapping[tuple[str, str, bool], list[Epoch]]) -> str:
     """The goals as ratios of medians measured side by side: per-batch cost, start, tracing."""
     rows = []
     for bs in BATCH_SIZES:
@@ -271,6 +320,14 @@ def ratio_tables(per_batch: Mapping[tuple[int, int, str], list[BatchTimes]],
             for w, b in TRACE_BACKENDS]
     out.append(text_table("tracing: with trace=True / without, numpy workload (goal: throughput >= 0.95)",
                           ["workers", "backend", "throughput", "1 / CPU time"], rows))
+    def epoch(name: str, backend: str, on: bool) -> str:
+        return f"{statistics.median(e.seconds for e in resumed[name, backend, on][1:]):.3f}"
+
+    rows = [[name, backend, str(RESUME_WORKERS), epoch(name, backend, False), epoch(name, backend, True),
+             _resume_ratio(resumed, name, backend)] for name, backend in dict.fromkeys(k[:2] for k in resumed)]
+    out.append(text_table("resume, realistic workloads: epoch throughput, stateful=True / False (goal: >= 0.95)",
+                          ["workload", "backend", "workers", "stateful=False s", "stateful=True s",
+                           f"True / False throughput per round {CI}"], rows))
     return "\n\n".join(out)
 
 

@@ -1,6 +1,6 @@
 """The ``pipeline`` suite: four ways to make one real loading pipeline faster, measured inside the loader.
 
-The pipeline is ``minidl_course.pipeline``: decompress a small PNG-filtered image, undo the filter, then a
+The pipeline is ``minidl_course.png_pipeline``: decompress a small PNG-filtered image, undo the filter, then a
 random crop, flip and gain and normalise (notebook 11 explains it). Every group of loaders runs in rotating
 rounds, one epoch each (``loaders.run_rounds``: a warm-up round, then the timed ones), after its batches are
 checked against the pure-Python loop's. An epoch is ``iter()`` until StopIteration, worker start and shutdown
@@ -45,7 +45,7 @@ from minidl_bench.batches import check_first_batches
 from minidl_bench.harness import Session, Timing, missing
 from minidl_bench.loaders import CI, Epoch, paired_ratio, run_epoch, run_rounds, text_table, timing, write_rows
 from minidl_bench.machine import core_count, describe
-from minidl_course import pipeline
+from minidl_course import png_pipeline as pipeline
 
 REQUIRES = ("numba",)
 BATCH_SIZE = 32
@@ -119,7 +119,7 @@ def check(loaders: Mapping[Any, Callable[[], Iterable]], reference: Iterable, wh
     """Raise unless every loader's first batches equal ``reference``'s: a wrong answer is never timed.
 
     The reference is the pure-Python loop (NumPy per sample for the big images of the threads group, whose
-    equality with the loop ``tests/test_pipeline.py`` checks).
+    equality with the loop ``tests/test_png_pipeline.py`` checks).
     """
     check_first_batches(f"[pipeline] {what}", lambda: reference, loaders, CHECK_BATCHES, exact_containers=False)
 
@@ -214,7 +214,7 @@ FRESH_PROCESS = """
 import json, sys, time
 start = time.perf_counter()
 import numpy as np, numba
-from minidl_course import pipeline
+from minidl_course import png_pipeline as pipeline
 imported = time.perf_counter() - start
 dataset = pipeline.NumbaPipeline(2, side={side}, kernel={kind!r})
 raw, params = dataset.raw(0), dataset.params(0)

@@ -1,6 +1,6 @@
-"""What only the course needs: exercise checkers, toy datasets and demo helpers.
+"""What only the course needs: the notebooks' helpers and harnesses, toy datasets, and the exercise checkers.
 
-The loader (the top of ``minidl/``) never imports this package. It lives inside ``minidl`` so that
-worker processes can import what a notebook hands them: a class defined in a notebook cell cannot
-be pickled under ``spawn``/``forkserver``.
+It stands beside ``minidl`` and imports it; ``minidl`` never imports this package. Anything a worker runs
+lives here, in a module at top level, because a class defined in a notebook cell cannot be pickled under
+``spawn`` or ``forkserver``.
 """

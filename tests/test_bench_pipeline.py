@@ -123,4 +123,4 @@ def test_a_fresh_interpreter_finds_the_course_in_this_repository_first(monkeypat
 
     monkeypatch.setattr(pipeline.subprocess, "run", run)
     pipeline.fresh_process("compile", 16)
-    assert (Path(seen["path"]) / "minidl_course" / "pipeline.py").is_file()
+    assert (Path(seen["path"]) / "minidl_course" / "png_pipeline.py").is_file()

@@ -197,7 +197,7 @@ class Scripted(capstone.Tuning):
     """A Tuning whose runs take the times a table gives, by number of workers: no process started."""
 
     def __init__(self, seconds: dict):
-        super().__init__(quick=True, device="cpu")
+        super().__init__(quick=False, device="cpu")
         self.seconds = seconds
 
     def run(self, config, trace=None):
@@ -221,10 +221,10 @@ def test_a_lever_is_kept_only_when_it_saves_keep_gain_of_the_run():
 
 
 def test_a_try_that_changes_nothing_is_never_kept_however_much_faster_it_ran():
-    class Noisy(Scripted):  # the same configuration, measured again, runs 40% faster: a busy machine's noise
+    class Noisy(Scripted):  # the same configuration, measured a third time, runs 40% faster: a busy machine's noise
         def run(self, config, trace=None):
             self.calls = getattr(self, "calls", 0) + 1
-            seconds = 3.0 if self.calls == 1 else 1.8
+            seconds = 1.8 if self.calls == 3 else 3.0
             return capstone.Run(dict(config), "", [seconds] * 3, [0.5] * 3)
 
     tuning = Noisy({})
@@ -232,6 +232,27 @@ def test_a_try_that_changes_nothing_is_never_kept_however_much_faster_it_ran():
     step = tuning.lever("start method", [{"multiprocessing_context": None}])  # the default, unnamed
     assert step.saving(step.best) > capstone.KEEP_GAIN
     assert step.kept is None and tuning.current is tuning.baseline and "not kept" in str(step)
+
+
+def test_a_lever_compares_its_tries_with_the_current_configuration_run_again_beside_them():
+    class Lucky(Scripted):  # the workers' kept run was a lucky 1.0; every later run of it takes 1.5
+        def run(self, config, trace=None):
+            self.runs = getattr(self, "runs", []) + [dict(config)]
+            lucky = config == {"num_workers": 2} and self.runs.count(config) == 1
+            return super().run(config) if not lucky else capstone.Run(dict(config), "", [1.0] * 3, [0.4] * 3)
+
+    tuning = Lucky({(): (3.0, 3.0), (("num_workers", 2),): (1.5, 1.5),
+                    (("num_workers", 2), ("persistent_workers", True)): (1.4, 1.4)})
+    tuning.start()
+    assert tuning.lever("workers", [{"num_workers": 2}]).kept.total == 3.0
+    step = tuning.lever("persistent", [{"persistent_workers": True}])
+    assert tuning.runs[-2:] == [{"num_workers": 2}, {"num_workers": 2, "persistent_workers": True}]
+    assert step.before.total == 4.5 and step.kept is not None  # 1.4 against 1.5 run beside it, not the lucky 1.0
+    quick = Lucky(tuning.seconds)
+    quick.quick = True  # quick mode (CI) reads no number: it saves the extra run
+    quick.start()
+    quick.lever("workers", [{"num_workers": 2}])
+    assert quick.lever("persistent", [{"persistent_workers": True}]).before is quick.steps[0].kept
 
 
 def test_a_lever_that_needs_workers_gets_the_fastest_count_tried():

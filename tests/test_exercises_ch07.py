@@ -2,6 +2,9 @@
 answer and rejects typical wrong answers with the hint that names the mistake.
 """
 
+import statistics
+import time
+from collections import deque
 
 import numpy as np
 import pytest
@@ -20,17 +23,50 @@ pin_copy = learner_copy("ch07_pinning_cost").pin_copy
 # --- ch07: what a new locked buffer per batch costs -------------------------------------------------
 
 
-def ch07_measured(ratio):
-    return ch07.Measured([ratio * 1e-4] * 5, [1e-4] * 5)
+def ch07_measured(ratio, calls=ch07.MIN_LOGGED):
+    return ch07.Measured([ratio * 1e-4] * calls, [1e-4] * calls)
 
 
-@pytest.mark.measures
+def learners_rounds(rounds=6, calls=5):
+    """The solution's timing loop, as a learner runs it: interleaved rounds with the exercise's clocked functions."""
+    batch, per_call = ch07.make_batch(), {"pin": [], "copy": []}
+    reused = np.empty_like(batch)
+    for r in range(rounds):
+        for name in (("pin", "copy") if r % 2 == 0 else ("copy", "pin")):
+            start = time.perf_counter()
+            for _ in range(calls):
+                pin_copy(batch, ch07.lock_pages) if name == "pin" else ch07.copy_into(reused, batch)
+            per_call[name].append((time.perf_counter() - start) / calls)
+    return statistics.median(p / c for p, c in zip(per_call["pin"], per_call["copy"]))
+
+
 @pytest.mark.timeout(60)
 def test_ch07_correct_solution_end_to_end(capsys):
-    measured = ch07.measure(pin_copy)
-    ch07.check_pin_copy(pin_copy, measured.ratio, measured.ratio > 1.3, measure=lambda f: measured)
-    assert "All 7 checks passed" in capsys.readouterr().out
+    ch07.CALLS.clear()
+    ratio = learners_rounds()
+    ch07.check_pin_copy(pin_copy, ratio, ratio > 1.3)
+    out = capsys.readouterr().out
+    assert "All 7 checks passed" in out and "Clocked: 30 of your latest calls inside lock_pages, 30 of copy_into" in out
     assert pinning_demo.locked_bytes() in (0, None)  # every lock was released
+
+
+def test_ch07_the_exercises_functions_clock_each_call_and_the_latest_are_judged():
+    calls = deque([("pin", 9.0)] * 40 + [("copy", 1.0)] * 30 + [("pin", 4.0)] * ch07.LOGGED)
+    measured = ch07.clocked(calls=calls)
+    assert (len(measured.pinned), len(measured.reused), measured.ratio) == (ch07.LOGGED, 30, 4.0)  # 9 s calls: older
+    ch07.CALLS.clear()
+    batch = ch07.make_batch(4096)
+    with ch07.lock_pages(np.empty_like(batch)):
+        pass
+    ch07.copy_into(np.empty_like(batch), batch)
+    assert [kind for kind, seconds in ch07.CALLS if seconds > 0] == ["pin", "copy"]
+
+
+@pytest.mark.parametrize("calls", [0, ch07.MIN_LOGGED - 1])
+def test_ch07_a_ratio_with_too_few_clocked_calls_behind_it_is_refused(calls):
+    ch07.CALLS.clear()
+    ch07.CALLS.extend([("pin", 4e-3)] * calls + [("copy", 1e-4)] * calls)
+    rejects_with_hint(ch07.check_pin_copy, pin_copy, 40.1234567, True, hint="imported from this exercise")
 
 
 def test_ch07_judge_tolerance_and_band(capsys):
@@ -76,7 +112,7 @@ def _reuse(batch, lock_pages):
 
 @pytest.mark.parametrize("ratio, reuse_pays, hint", [
     (0.1800001, True, "divided the other way round"),
-    (1.0000001, True, "interleaved rounds"),
+    (1.0000001, True, "rounds you timed"),
     (5.0000001, False, "reusing pays"),
     (5.0000001, "yes", "True or False"),
     (5.5, True, "at most three decimals"),
@@ -89,12 +125,9 @@ def test_ch07_reuse_pays_true_is_rejected_when_fresh_is_as_cheap():
     rejects_with_hint(ch07.judge, 1.0500001, True, ch07_measured(1.05), hint="answer False")
 
 
-# --- a ratio held to the median of the rounds, not their range ----------------------------------------------
-
-
-def test_ch07_a_ratio_is_held_to_the_median_of_the_rounds_not_their_range():
-    spread = ch07.Measured([10.4e-4, 10.4e-4, 10.4e-4, 20e-4, 40e-4], [1e-4] * 5)  # median 10.4, range 10.4-40
-    rejects_with_hint(ch07.judge, 46.6000001, True, spread, hint="interleaved rounds")
+def test_ch07_a_ratio_is_held_to_the_median_of_the_clocked_calls_not_their_range():
+    spread = ch07.Measured([10.4e-4] * 12 + [40e-4] * 8, [1e-4] * 20)  # median 10.4, range 10.4-40
+    rejects_with_hint(ch07.judge, 40.1234567, True, spread, hint="rounds you timed")
     ch07.judge(12.1234567, True, spread)
 
 

@@ -275,6 +275,11 @@ def expected_rows() -> list[tuple[str, str, str]]:
     for backend, w, phrase in resume:  # resume's cost: stateful=True over stateful=False
         ratios = (median_ratio(pb[bs, w, f"{backend} stateful=True"], pb[bs, w, backend]) for bs in (1, 64))
         out.append((" / ".join(f"{r:.2f}" for r in ratios), phrase, "overhead_rounds.csv"))
+    realistic = by_round(read(f"{GIL_RUN}/overhead_resume_rounds.csv"),
+                         lambda r: (r["workload"], r["method"], r["stateful"] == "True"), lambda r: float(r["seconds"]))
+    out.append((" / ".join(f"{median_ratio(realistic[n, b, False], realistic[n, b, True]):.2f}"
+                           for n in ("images", "numpy") for b in ("minidl process", "minidl thread")),
+                "photographs / NumPy augmentation", "overhead_resume_rounds.csv"))
 
     kernels = {(r["task"], r["size"], r["method"], r["workers"]): float(r["median_s"])
                for r in read(f"{GIL_RUN}/kernels.csv")}

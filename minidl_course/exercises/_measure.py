@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from minidl_course.exercises._common import _Checks
+from minidl_course.rounds import rotating
 
 M = TypeVar("M")
 
@@ -40,13 +41,12 @@ class Rounds(dict):
 def interleaved(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: bool = True,
                 clock: Callable[[], float] = time.perf_counter) -> dict[str, list[float]]:
     """Seconds per call of each function: a warm-up each, then ``rounds`` rounds, the order rotating each round."""
-    names, times = list(fns), {name: [] for name in fns}
-    for r in range(-1 if warmup else 0, rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = clock()
-            fns[name]()
-            if r >= 0:
-                times[name].append(clock() - start)
+    times = {name: [] for name in fns}
+    for r, name in rotating(list(fns), rounds, warmup):
+        start = clock()
+        fns[name]()
+        if r >= 0:
+            times[name].append(clock() - start)
     return times
 
 
@@ -81,11 +81,6 @@ def off_the_clock(yours: Sequence[float], ours: Sequence[float], factor: float =
 def latest_medians(figures: Sequence[float], least: int = 3) -> list[float]:
     """The medians of the latest ``least`` or more of ``figures`` (all, if fewer): what a learner's cell may report."""
     return [statistics.median(figures[-k:]) for k in range(min(least, len(figures)) or 1, len(figures) + 1)]
-
-
-def median_ratio(times: Mapping[str, list[float]], numerator: str, denominator: str) -> float:
-    """The median over rounds of ``times[numerator][r] / times[denominator][r]``."""
-    return statistics.median(n / d for n, d in zip(times[numerator], times[denominator]))
 
 
 def as_number(value: Any) -> float | None:

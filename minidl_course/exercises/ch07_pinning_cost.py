@@ -1,8 +1,15 @@
-"""Checker for ch07, without a GPU: a new buffer locked (``mlock``) per batch, timed against a reused one."""
+"""Checker for ch07, without a GPU: a new buffer locked (``mlock``) per batch, timed against a reused one.
+
+The ``lock_pages`` and ``copy_into`` a learner imports from here clock each call into ``CALLS``: the learner's
+``ratio`` is held to what their own timed calls took on the checker's clock.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import statistics
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -13,8 +20,9 @@ from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_difference
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
-ROUNDS, CALLS_PER_ROUND = 15, 10
-RATIO_FACTOR = 1.5  # a reported ratio within this factor of the median of the checker's rounds is accepted
+RATIO_FACTOR = 1.5  # a ratio within this factor of the learner's clocked calls' ratio is accepted
+LOGGED, MIN_LOGGED = 150, 20  # the latest calls of each kind the answers are held to; at least MIN_LOGGED of each
+CALLS: deque[tuple[str, float]] = deque(maxlen=4 * LOGGED)  # ("pin" or "copy", seconds) of each learner's call
 REUSE_PAYS = 1.5  # measured ratio above this: reusing pays, so reuse_pays must be True
 REUSE_DOES_NOT_PAY = 1.15  # below this: it must be False; in between either is accepted
 
@@ -27,47 +35,45 @@ def make_batch(nbytes: int = BATCH_BYTES, seed: int = 0) -> np.ndarray:
 
 def copy_into(out: np.ndarray, batch: np.ndarray) -> np.ndarray:
     """The baseline: copy ``batch`` into ``out``, a buffer kept from the previous batch (no allocation, no locking)."""
+    start = time.perf_counter()
     np.copyto(out, batch)
+    CALLS.append(("copy", time.perf_counter() - start))
     return out
 
 
+@contextlib.contextmanager
+def lock_pages(array: np.ndarray) -> Iterator[np.ndarray]:
+    """``pinning_demo.lock_pages``, each use (lock, what the block does, unlock) clocked into ``CALLS``."""
+    start = time.perf_counter()
+    with pinning_demo.lock_pages(array) as pages:
+        yield pages
+    CALLS.append(("pin", time.perf_counter() - start))
+
+
 class Measured(NamedTuple):
-    """Seconds per batch for each way, per round; ``ratio`` is the median of the per-round ratios."""
+    """Seconds of the learner's latest clocked calls, inside ``lock_pages`` and of ``copy_into``."""
     pinned: list[float]
     reused: list[float]
 
     @property
     def ratio(self) -> float:
-        return harness.median_ratio(self._asdict(), "pinned", "reused")
+        return statistics.median(self.pinned) / statistics.median(self.reused)
 
 
-def measure(pin_copy: Callable[..., np.ndarray], rounds: int = ROUNDS) -> Measured:
-    """Rounds of ``CALLS_PER_ROUND`` calls of ``pin_copy(batch, lock_pages)`` and of ``copy_into(reused, batch)``."""
-    batch = make_batch()
-    reused = np.empty_like(batch)
-
-    def pinned() -> None:
-        for _ in range(CALLS_PER_ROUND):  # each result dropped, as a loader drops a batch: glibc reuses its pages
-            pin_copy(batch, pinning_demo.lock_pages)
-
-    def copied() -> None:
-        for _ in range(CALLS_PER_ROUND):
-            copy_into(reused, batch)
-
-    times = harness.interleaved({"pinned": pinned, "reused": copied}, rounds=rounds)
-    return Measured(*([t / CALLS_PER_ROUND for t in times[way]] for way in ("pinned", "reused")))
+def clocked(pin_copy: Any = None, calls: deque[tuple[str, float]] = CALLS) -> Measured:
+    """The latest ``LOGGED`` calls of each kind in ``calls``, as the learner ran them (``pin_copy`` is not called)."""
+    return Measured(*([s for k, s in calls if k == kind][-LOGGED:] for kind in ("pin", "copy")))
 
 
 def check_pin_copy(pin_copy: Callable[..., np.ndarray], ratio: Any, reuse_pays: Any,
-                   measure: Callable[[Callable], Measured] = measure) -> Measured:
-    """Check ch07: ``pin_copy`` copies into a fresh, locked buffer; ``ratio`` and ``reuse_pays`` match a measurement."""
+                   measure: Callable[[Callable], Measured] = clocked) -> Measured:
+    """Check ch07: ``pin_copy`` copies into a fresh, locked buffer; ``ratio`` and ``reuse_pays`` follow the
+    learner's own timed calls, as the checker clocked them."""
     return harness.measure_then_judge(
-        [pin_copy], lambda checks: check_copies(pin_copy, checks),
-        lambda: harness.twice(lambda: measure(pin_copy),
-                              lambda m: harness.close(harness.as_number(ratio) or 0, m.ratio, RATIO_FACTOR)),
-        lambda m: (f"Measured: pin_copy {np.median(m.pinned) * 1e3:.3f} ms per {BATCH_BYTES >> 20} MiB batch, a copy "
-                   f"into a reused buffer {np.median(m.reused) * 1e3:.3f} ms; ratio {m.ratio:.2f} (median of "
-                   f"{len(m.pinned)} rounds)"),
+        [pin_copy], lambda checks: check_copies(pin_copy, checks), lambda: measure(pin_copy),
+        lambda m: (f"Clocked: {len(m.pinned)} of your latest calls inside lock_pages, {len(m.reused)} of copy_into"
+                   + (f"; medians {np.median(m.pinned) * 1e3:.3f} ms and {np.median(m.reused) * 1e3:.3f} ms per "
+                      f"{BATCH_BYTES >> 20} MiB batch, ratio {m.ratio:.2f}" if min(map(len, m)) else "")),
         lambda measured, checks: judge(ratio, reuse_pays, measured, checks))
 
 
@@ -106,16 +112,19 @@ def check_copies(pin_copy: Callable[..., np.ndarray], checks: _Checks) -> None:
 
 
 def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | None = None) -> None:
-    """The verdict on the reported ``ratio`` and ``reuse_pays``, from the checker's measurement alone."""
+    """The verdict on ``ratio`` and ``reuse_pays``, from the learner's clocked calls alone."""
     checks = checks or _Checks()
+    if min(map(len, measured)) < MIN_LOGGED:
+        checks.fail("ratio", f"the checker clocked fewer than {MIN_LOGGED} calls inside lock_pages or of copy_into",
+                    "time both with the lock_pages and copy_into imported from this exercise (they clock each call), "
+                    "several rounds of several calls, then report your ratio.")
     harness.judge_figure(
-        checks, f"your ratio, {ratio!r}, against the {measured.ratio:.2f} measured", "ratio", ratio,
+        checks, f"your ratio, {ratio!r}, against {measured.ratio:.2f} from your clocked calls", "ratio", ratio,
         [measured.ratio], RATIO_FACTOR,
         "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.",
-        f"that is more than {RATIO_FACTOR}x away from the median of the checker's rounds (measured twice if "
-        "the first disagreed)",
-        "time both in interleaved rounds of several calls, dropping each result (buffers kept alive cost more: the "
-        "allocator can't reuse their memory), and report the median per-round ratio pin_copy / reused copy.",
+        f"that is more than {RATIO_FACTOR}x away from what your latest timed calls took on the checker's clock "
+        "(median time inside lock_pages / median copy_into)",
+        "report the median per-round ratio pin_copy / copy_into of the rounds you timed, unrounded.",
         "you divided the other way round: pin_copy's time / the reused copy's time.")
     case = f"reuse_pays={reuse_pays!r}, with a new locked buffer {measured.ratio:.2f}x a reused copy"
     checks.first(case, (not isinstance(reuse_pays, bool), f"reuse_pays should be True or False, but it is "

@@ -1,4 +1,4 @@
-"""Tests for minidl_course/pipeline.py: one transform four ways, and the datasets that load it.
+"""Tests for minidl_course/png_pipeline.py: one transform four ways, and the datasets that load it.
 
 Every variant must give *identical* float32 batches (np.array_equal, not allclose): they all compute in
 float64 in the same order and round once. Then the datasets go through minidl's process and thread workers,
@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import minidl
 from minidl_bench import batches
 from minidl_bench.harness import missing
-from minidl_course import pipeline as P
+from minidl_course import png_pipeline as P
 from minidl_course import toy
 from minidl_course.toy import FailingDataset
 
