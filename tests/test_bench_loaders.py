@@ -95,7 +95,16 @@ def test_loaders_suite_measures_every_backend_workload_and_worker_count(quick_ru
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick_run):
-    from minidl_bench.overhead import BATCH_SIZES, QUICK, STATEFUL, TRACE_BACKENDS, WORKERS, methods_for
+    from minidl_bench.overhead import (
+        BATCH_SIZES,
+        QUICK,
+        RESUME_BACKENDS,
+        RESUME_WORKERS,
+        STATEFUL,
+        TRACE_BACKENDS,
+        WORKERS,
+        methods_for,
+    )
 
     out, output = quick_run
     assert "loader's own cost per batch" in output and "tracing: with trace=True / without" in output
@@ -109,10 +118,18 @@ def test_overhead_suite_measures_every_backend_batch_size_and_worker_count(quick
                 for bs in BATCH_SIZES for w in WORKERS for method in methods_for(w)}
     expected |= {(f"trace numpy, {backend}, {w} workers", method, w, QUICK.trace_samples)
                  for w, backend in TRACE_BACKENDS for method in ("trace off", "trace=True")}
+    resumed = {"images": QUICK.resume_images, "numpy": QUICK.resume_numpy}
+    expected |= {(f"resume, {name}, {backend}, {RESUME_WORKERS} workers", f"stateful={on}", RESUME_WORKERS, size)
+                 for name, size in resumed.items() for backend in RESUME_BACKENDS for on in (False, True)}
     assert expected == keys
+    assert "resume, realistic workloads: epoch throughput, stateful=True / False" in output
     rounds = read_csv(out / "overhead_rounds.csv", columns=None)
     assert {(int(r["batch_size"]), int(r["workers"]), r["method"], int(r["round"])) for r in rounds} == {
         (bs, w, m, i) for bs in BATCH_SIZES for w in WORKERS for m in methods_for(w) for i in range(QUICK.repeats + 1)}
+    resume_rounds = read_csv(out / "overhead_resume_rounds.csv", columns=None)
+    assert {(r["workload"], r["method"], r["stateful"], int(r["round"])) for r in resume_rounds} == {
+        (name, backend, str(on), i) for name in resumed for backend in RESUME_BACKENDS for on in (False, True)
+        for i in range(QUICK.repeats + 1)}
     assert all(float(r["per_batch_s"]) > 0 and float(r["first_batch_s"]) > 0 for r in rounds)
     baselines = {(r["task"], r["method"]) for r in rows if r["speedup"] == "1"}
     assert {t for t, _ in baselines} == {task for task, *_ in expected}  # every group has its baseline
