@@ -122,13 +122,13 @@ def batch_times(loader: Iterable) -> BatchTimes:
 
 
 def run(session: Session) -> None:
-    """Time the per-batch cost, the start and the tracing overhead; print the ratios; save the plots."""
+    """Time the per-batch cost, the start, tracing and resume; print the ratios; save the plots."""
     from minidl_course.toy import RangeDataset
 
     sizes = QUICK if session.quick else FULL
     per_batch: dict[tuple[int, int, str], list[BatchTimes]] = {}
     per_round = (len(BATCH_SIZES) * sum(len(methods_for(w)) for w in WORKERS) + 2 * len(TRACE_BACKENDS)
-                 + 2 * 2 * len(RESUME_BACKENDS))
+                 + 2 * 2 * len(RESUME_BACKENDS))  # resume: 2 workloads, stateful False and True
     session.plan(per_round * (sizes.repeats + 1))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="This DataLoader will create")
@@ -265,7 +265,7 @@ def _minor_faults() -> int:
     return sum(resource.getrusage(who).ru_minflt for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
 
 
-def _med(epochs: Sequence[BatchTimes], attr: str = "per_batch") -> float:
+def _med(epochs: Sequence[BatchTimes | Epoch], attr: str = "per_batch") -> float:
     return statistics.median(getattr(e, attr) for e in epochs[1:])
 
 
@@ -285,7 +285,7 @@ def _trace_ratio(traced: Mapping[tuple[int, str, bool], list[Epoch]], w: int, ba
 def ratio_tables(per_batch: Mapping[tuple[int, int, str], list[BatchTimes]],
                  traced: Mapping[tuple[int, str, bool], list[Epoch]],
                  resumed: Mapping[tuple[str, str, bool], list[Epoch]]) -> str:
-    """The goals as ratios of medians measured side by side: per-batch cost, start, tracing."""
+    """The goals as ratios of medians measured side by side: per-batch cost, start, tracing, resume."""
     rows = []
     for bs in BATCH_SIZES:
         for w in WORKERS:
@@ -320,10 +320,8 @@ def ratio_tables(per_batch: Mapping[tuple[int, int, str], list[BatchTimes]],
             for w, b in TRACE_BACKENDS]
     out.append(text_table("tracing: with trace=True / without, numpy workload (goal: throughput >= 0.95)",
                           ["workers", "backend", "throughput", "1 / CPU time"], rows))
-    def epoch(name: str, backend: str, on: bool) -> str:
-        return f"{statistics.median(e.seconds for e in resumed[name, backend, on][1:]):.3f}"
-
-    rows = [[name, backend, str(RESUME_WORKERS), epoch(name, backend, False), epoch(name, backend, True),
+    rows = [[name, backend, str(RESUME_WORKERS), *(f"{_med(resumed[name, backend, on], 'seconds'):.3f}"
+                                                   for on in (False, True)),
              _resume_ratio(resumed, name, backend)] for name, backend in dict.fromkeys(k[:2] for k in resumed)]
     out.append(text_table("resume, realistic workloads: epoch throughput, stateful=True / False (goal: >= 0.95)",
                           ["workload", "backend", "workers", "stateful=False s", "stateful=True s",
