@@ -44,15 +44,18 @@ def global_draws(n: int = 2) -> tuple[int, dict[str, list[float]]]:
 
 
 def run_child(args: list[str], timeout: float = 60.0, prefix: tuple[str, ...] = (),
-              module: str = "minidl_course.pitfall_run") -> dict:
-    """Run ``python -m module *args`` (by default the pitfalls' child) in a fresh interpreter, at most ``timeout`` s.
+              module: str | None = "minidl_course.pitfall_run", cwd: str | None = None,
+              env: dict | None = None) -> dict:
+    """Run ``python -m module *args`` (by default the pitfalls' child) in a fresh interpreter, at most ``timeout`` s;
+    with ``module=None``, ``python *args`` (``args[0]`` a script), in ``cwd`` with ``env`` where given.
 
     Returns its pid, exit code, whether it timed out, its stdout and stderr, and the JSON it printed last (or
     ``None``). The child runs in its own process group, and the whole group is killed if it overstays, so nothing
     it started outlives it. ``prefix`` goes before the command (``unshare ...``: see ``run_in_namespace``).
     """
-    cmd = [*prefix, sys.executable, "-m", module, *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    cmd = [*prefix, sys.executable, *(("-m", module) if module else ()), *args]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=cwd, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
         timed_out = False

@@ -150,14 +150,12 @@ def start_method_costs(methods: Iterable[str], workers: int = 2, epochs: int = 2
     method this platform lacks, before any run; ``RuntimeError`` with its stderr if a run fails or takes longer
     than ``timeout`` seconds (its whole process group is killed then).
     """
-    import json
     import os
     import shutil
-    import signal
-    import subprocess
-    import sys
     import tempfile
     from pathlib import Path
+
+    from minidl_course.pitfalls import run_child
 
     methods = list(methods)
     unknown = [m for m in methods if m not in multiprocessing.get_all_start_methods()]
@@ -170,19 +168,15 @@ def start_method_costs(methods: Iterable[str], workers: int = 2, epochs: int = 2
         shutil.copyfile(Path(__file__).with_name("start_script.py"), script)
         for method in methods:
             log = Path(folder) / f"{method}.log"
-            args = [sys.executable, str(script), method, str(workers), str(epochs)] + ([] if persistent else ["off"])
-            proc = subprocess.Popen(args, cwd=folder, env={**os.environ, "MINIDL_START_LOG": str(log)},
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True)
-            try:
-                out, err = proc.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.communicate()
-                raise RuntimeError(f"train.py under {method} took longer than {timeout:.0f} s") from None
-            if proc.returncode != 0:
-                raise RuntimeError(f"train.py under {method} failed (exit {proc.returncode}):\n{err[-2000:]}")
-            out = json.loads(out.strip().splitlines()[-1])
+            args = [str(script), method, str(workers), str(epochs)] + ([] if persistent else ["off"])
+            run = run_child(args, timeout=timeout, module=None, cwd=folder,
+                            env={**os.environ, "MINIDL_START_LOG": str(log)})
+            if run["timed_out"]:
+                raise RuntimeError(f"train.py under {method} took longer than {timeout:.0f} s")
+            if run["returncode"] != 0:
+                raise RuntimeError(f"train.py under {method} failed (exit {run['returncode']}):\n"
+                                   f"{run['stderr'][-2000:]}")
+            out = run["result"]
             imports = dict(line.split() for line in log.read_text().splitlines())
             own = float(imports.pop(str(out["pid"])))
             timed = {key == "persistent=True": value for key, value in out.items() if key.startswith("persistent=")}
