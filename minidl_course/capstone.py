@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from minidl_course import accelerators
-from minidl_course.startup import start_methods  # noqa: F401 -- notebook 13 calls capstone.start_methods()
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "train_photos.py"
 KEEP_GAIN = 0.05  # a change kept must save this share of the run's time: less is within a busy machine's noise

@@ -26,7 +26,7 @@ tud = pytest.importorskip("torch.utils.data")
 psutil = pytest.importorskip("psutil")
 
 import minidl  # noqa: E402
-from minidl_course import accelerators, capstone  # noqa: E402
+from minidl_course import accelerators, capstone, startup  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "13_your_training_script.ipynb"
@@ -73,7 +73,7 @@ def run_script(flags: list[str]) -> tuple[subprocess.CompletedProcess, list[psut
     return done, left
 
 
-@pytest.mark.parametrize("method", [None, *capstone.start_methods()])
+@pytest.mark.parametrize("method", [None, *startup.start_methods()])
 def test_the_script_trains_prints_an_epoch_a_line_and_leaves_nothing_running(method):
     workers = [] if method is None else ["--num-workers", "2", "--persistent-workers", "--start-method", method]
     done, left = run_script([*workers, "--batch-size", "8", "--torch-threads", "1"])
@@ -121,7 +121,7 @@ def test_each_lever_flag_sets_the_argument_of_its_name(script, flags, expected):
     assert {name: getattr(loader, name) for name in expected} == expected
 
 
-@pytest.mark.parametrize("method", capstone.start_methods())
+@pytest.mark.parametrize("method", startup.start_methods())
 def test_start_method_sets_multiprocessing_context(script, method):
     loader = loader_for(script, ["--num-workers", "1", "--start-method", method])
     assert loader.multiprocessing_context.get_start_method() == method
