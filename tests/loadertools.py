@@ -1,4 +1,5 @@
-"""What several test files share: the check for live children, and a dataset written for torch.
+"""What several test files share: the check for live children, a dataset written for torch, and datasets read in a
+fresh interpreter.
 
 Imported by name (``from loadertools import ...``): pytest puts this folder on ``sys.path`` for the
 tests in it. Classes live at module level, so spawned workers can import them. Importing this module
@@ -7,7 +8,11 @@ doesn't need torch (conftest imports it on free-threaded interpreters too).
 
 from __future__ import annotations
 
+import pickle
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 try:
     import torch.utils.data as tud
@@ -75,3 +80,15 @@ class TorchShardedRange(tud.IterableDataset if tud is not None else object):
 
     def __len__(self) -> int:
         return self.end - self.start
+
+
+def items_in_a_fresh_interpreter(datasets: dict, index: int) -> dict:
+    """``{name: dataset[index]}`` from a new interpreter that unpickles ``datasets``, started in the repository: as
+    a spawn or forkserver worker does, it imports each dataset's class by name."""
+    code = ("import pickle, sys\n"
+            "datasets = pickle.loads(sys.stdin.buffer.read())\n"
+            f"sys.stdout.buffer.write(pickle.dumps({{k: d[{index}] for k, d in datasets.items()}}))\n")
+    result = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                            input=pickle.dumps(datasets), capture_output=True, timeout=60)
+    assert result.returncode == 0, result.stderr.decode()
+    return pickle.loads(result.stdout)

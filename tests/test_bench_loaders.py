@@ -6,15 +6,13 @@ Both suites run once, in quick mode, into a temporary folder, through the same c
 
 from __future__ import annotations
 
-import pickle
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from benchtools import check_rows, read_csv, run_bench
+from loadertools import items_in_a_fresh_interpreter
 
 from minidl_bench.harness import missing
 from minidl_bench.machine import MACHINE_FIELDS
@@ -175,13 +173,7 @@ def test_workloads_are_deterministic_and_collate_the_same_in_minidl_and_torch(sm
 
 def test_workloads_load_by_reference_in_a_fresh_interpreter(small_workloads):
     # spawn and forkserver workers unpickle the dataset in a new interpreter, importing its class by name.
-    code = ("import pickle, sys\n"
-            "datasets = pickle.loads(sys.stdin.buffer.read())\n"
-            "sys.stdout.buffer.write(pickle.dumps({k: d[2] for k, d in datasets.items()}))\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, input=pickle.dumps(small_workloads),
-                            capture_output=True, timeout=60)
-    assert result.returncode == 0, result.stderr.decode()
-    for name, (sample, label) in pickle.loads(result.stdout).items():
+    for name, (sample, label) in items_in_a_fresh_interpreter(small_workloads, 2).items():
         assert np.array_equal(sample, small_workloads[name][2][0]) and label == small_workloads[name][2][1]
 
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 import functools
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from loadertools import items_in_a_fresh_interpreter
 
 import minidl
 from minidl_bench import batches
@@ -177,13 +176,7 @@ def test_numba_dataset_loads_in_spawned_workers(order, expected):
 
 def test_datasets_load_by_reference_in_a_fresh_interpreter():
     datasets = {v: P.make_dataset(v, 5, side=4) for v in ("loop", "numpy", "batch")}
-    code = ("import pickle, sys\n"
-            "datasets = pickle.loads(sys.stdin.buffer.read())\n"
-            "sys.stdout.buffer.write(pickle.dumps({k: d[3] for k, d in datasets.items()}))\n")
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, input=pickle.dumps(datasets),
-                            capture_output=True, timeout=60)
-    assert result.returncode == 0, result.stderr.decode()
-    for name, sample in pickle.loads(result.stdout).items():
+    for name, sample in items_in_a_fresh_interpreter(datasets, 3).items():
         for got, want in zip(sample, datasets[name][3]):
             assert np.array_equal(got, want)
 
