@@ -39,20 +39,29 @@ def alive_children() -> list:
     return alive
 
 
-def alive_in_group(pgid: int) -> list[int]:
-    """Pids of the live processes (zombies aside) in process group ``pgid``: what a killed child left running."""
+def alive_in_group(pgid: int, wait_s: float = 10.0) -> list[int]:
+    """Pids of the live processes (zombies aside) in process group ``pgid``: what a killed child left running.
+
+    SIGKILL lands when the kernel next schedules each process, so on a busy machine a killed group can look alive for
+    a moment: this waits up to ``wait_s`` for it to go, and answers whatever is still running then.
+    """
     import os
+    import time
 
     import psutil
 
-    alive = []
-    for proc in psutil.process_iter():
-        try:
-            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
-                alive.append(proc.pid)
-        except (ProcessLookupError, psutil.NoSuchProcess):
-            continue
-    return alive
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for proc in psutil.process_iter():
+            try:
+                if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(proc.pid)
+            except (ProcessLookupError, psutil.NoSuchProcess):
+                continue
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.05)
 
 
 def worker_threads() -> list[threading.Thread]:

@@ -240,9 +240,6 @@ def test_run_child_kills_the_whole_group_when_it_overstays():
     # fork_lock with a 30 s wait runs past a 3 s limit; its own forked child must go too.
     run = pitfalls.run_child(["fork_lock", "fork", "30"], timeout=3)
     assert run["timed_out"] and run["result"] is None
-    deadline = time.monotonic() + 5
-    while alive_in_group(run["pid"]) and time.monotonic() < deadline:
-        time.sleep(0.05)
     assert alive_in_group(run["pid"]) == []  # dead (a zombie at most, until init reaps it)
 
 
