@@ -37,6 +37,19 @@ def process_cpu_count() -> int:
     return os.cpu_count() or 1
 
 
+def join_worker(w, timeout: float) -> None:
+    """Wait up to ``timeout`` seconds for worker ``w`` to end: ``w.join(timeout)``, polling its exit status too.
+
+    ``Process.join`` waits on the process's sentinel, a pipe that reads as closed once no process holds its other
+    end. A spawned worker that sends a tensor under the ``file_system`` sharing strategy (a Mac's only one) starts a
+    ``torch_shm_manager``, which inherits that end and outlives the worker, so ``join`` alone waits out its whole
+    timeout after the worker has gone (torch's shutdown waits its 5 s per worker there). ``is_alive()`` asks the OS.
+    """
+    deadline = now() + timeout
+    while w.is_alive() and now() < deadline:
+        w.join(timeout=0.01)
+
+
 class DoneFlag:
     """The workers' done event, made so that no process can leave it locked.
 

@@ -974,7 +974,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
                 if self._persistent_workers or self._workers_status[worker_id]:
                     self._mark_worker_as_unavailable(worker_id, shutdown=True)
             for w in self._workers:  # 5
-                w.join(timeout=MP_STATUS_CHECK_INTERVAL)
+                _utils.join_worker(w, MP_STATUS_CHECK_INTERVAL)
             for q in self._index_queues:
                 q.cancel_join_thread()
                 q.close()
@@ -982,7 +982,7 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
             for w in self._workers:  # 6
                 if w.is_alive() and w.pid is not None:  # thread workers: a thread has no pid and cannot be killed
                     w.terminate()
-                    w.join(timeout=MP_STATUS_CHECK_INTERVAL)
+                    _utils.join_worker(w, MP_STATUS_CHECK_INTERVAL)
             _live_iterators.discard(self)
 
     def __del__(self) -> None:

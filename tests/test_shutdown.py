@@ -195,3 +195,27 @@ def test_a_forked_child_dropping_an_inherited_iterator_leaves_its_parents_worker
     assert raised == []
     assert all(w.is_alive() for w in it._workers)  # the parent's workers still serve the parent
     assert len(list(it)) == 9
+
+
+def test_a_worker_is_joined_when_it_exits_though_a_process_it_started_holds_its_sentinel(tmp_path):
+    # A spawned worker inherits its end of the sentinel pipe, and a process it starts keeps it open after the worker
+    # exits: torch_shm_manager does so under the file_system sharing strategy (a Mac's). join() alone would wait out
+    # its whole timeout; the loader's join_worker must return once the worker has gone (pytest-timeout ends a wait).
+    import multiprocessing.connection
+    import signal
+    import time
+
+    pid_file = tmp_path / "pid"
+    holder = ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 600"]
+    worker = multiprocessing.get_context("spawn").Process(target=subprocess.Popen, args=(holder,),
+                                                          kwargs={"close_fds": False})
+    worker.start()
+    try:
+        minidl._utils.join_worker(worker, timeout=3600)
+        assert worker.exitcode == 0
+        assert multiprocessing.connection.wait([worker.sentinel], timeout=0) == []  # its pipe is held open still
+    finally:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text().strip()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(int(pid_file.read_text()), signal.SIGKILL)

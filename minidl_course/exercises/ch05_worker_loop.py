@@ -238,11 +238,11 @@ def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: 
             answers[answer[0]] = answer[1]
         for q in index_queues:  # only now: a tensor in shared memory must be received before its worker exits
             q.put(None)
-        for w in workers:
-            w.join(timeout=30)  # a spawned interpreter with torch imported: slow to tear down under load
+        deadline = time.monotonic() + 30  # a spawned interpreter with torch imported: slow to tear down under load
+        while any(w.is_alive() for w in workers) and time.monotonic() < deadline:  # not join(): a worker's
+            time.sleep(0.01)  # torch_shm_manager (spawn, file_system sharing) holds the pipe join() waits on
         if any(w.exitcode != 0 for w in workers):
-            raise RuntimeError(f"30 s after their sentinels the workers' exit codes are {[w.exitcode for w in workers]}"
-                               " (None: still running), not 0")
+            raise RuntimeError(f"30 s after the sentinels, exit codes {[w.exitcode for w in workers]} (None: running)")
         return answers
     finally:
         for w in (w for w in workers if w.is_alive()):
