@@ -62,8 +62,8 @@ def _as_worker_of(worker_init_fn, worker_id, num_workers, seed, case, checks) ->
 
 def _draws(loader_cls, worker_init_fn, persistent: bool, epochs: int) -> list[list[float]]:
     loader = loader_cls(AugmentedDataset(24), batch_size=4, num_workers=3, worker_init_fn=worker_init_fn,
-                        persistent_workers=persistent, generator=_torch().Generator().manual_seed(7))
-    return [[float(x) for _, d in loader for x in d] for _ in range(epochs)]
+                        collate_fn=list, persistent_workers=persistent, generator=_torch().Generator().manual_seed(7))
+    return [[draw for batch in loader for _, draw in batch] for _ in range(epochs)]  # floats: no shared memory
 
 
 def check_worker_seeding(worker_init_fn: Callable[[int], None]) -> None:

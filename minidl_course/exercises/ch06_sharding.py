@@ -99,7 +99,7 @@ def check_worker_init_fn(worker_init_fn: Callable[[int], None]) -> None:
         case = f"{name}(RangeStream(3, 20), batch_size=2, num_workers={num_workers}, worker_init_fn=yours)"
         with in_loader(case, checks):
             got = [int(x) for batch in loader_cls(range_stream(3, 20), batch_size=2, num_workers=num_workers,
-                                                  worker_init_fn=worker_init_fn) for x in batch]
+                                                  worker_init_fn=worker_init_fn, collate_fn=list) for x in batch]
         counts = Counter(got)  # a sample outside 3 .. 19, twice, or missing
         if wrong := sorted(i for i in counts if counts[i] > 1 or not 3 <= i < 20) or sorted({*range(3, 20)} - {*got}):
             what = f"came {counts[wrong[0]]} times" if counts[wrong[0]] else "never came"
