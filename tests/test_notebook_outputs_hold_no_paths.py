@@ -2,7 +2,7 @@
 
 A path such as ``/home/<someone>/...`` or a virtual environment's ``site-packages`` in a committed output is the
 recording machine's, wrong on every other; outputs name files relative to the repository (or mask them, as the
-course's tracebacks do with ``.../worker.py``). The chapters' notebooks are read as files, nothing is run.
+course's tracebacks do with ``.../worker.py``). The chapters and the exercises are read as files, nothing is run.
 """
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
-CHAPTERS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[1] / "notebooks"
+CHAPTERS = sorted(NOTEBOOKS_DIR.glob("[0-9][0-9]_*.ipynb"))
+EXERCISES = sorted((NOTEBOOKS_DIR / "exercises").glob("*.ipynb"))
 MACHINE_PATH = re.compile(r"(/work/|/root/|/home/\w|/Users/\w|/tmp/\w|/private/var/|site-packages|[A-Z]:\\Users)")
 
 
@@ -23,8 +25,8 @@ def output_text(output: dict) -> str:
         + "\n".join(output.get("traceback", []))
 
 
-def test_every_chapter_is_read():
-    assert len(CHAPTERS) >= 12
+def test_every_chapter_and_exercise_is_read():
+    assert len(CHAPTERS) >= 12 and len(EXERCISES) >= 20
 
 
 def test_the_pattern_catches_a_machines_paths_and_spares_the_repositorys():
@@ -34,7 +36,7 @@ def test_the_pattern_catches_a_machines_paths_and_spares_the_repositorys():
                                                    "/dev/shm/torch_1_2_3", "/proc/<pid>/fd"))
 
 
-@pytest.mark.parametrize("path", CHAPTERS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CHAPTERS + EXERCISES, ids=lambda p: p.name)
 def test_no_committed_output_holds_a_path_of_the_machine_that_ran_it(path):
     cells = json.loads(path.read_text())["cells"]
     found = [(i, m.group()) for i, c in enumerate(cells) for o in c.get("outputs", [])
