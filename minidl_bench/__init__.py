@@ -1,5 +1,9 @@
 """minidl_bench: measured numbers for the notebooks, and ``python -m minidl_bench`` to make them.
 
+The suites live here, with what reads or draws their numbers in a notebook (``plot``, ``live``, ``headline``,
+``threads_figures``, ``gil_split``). What they measure with, datasets and harnesses a notebook or a checker also
+runs, lives in ``minidl_course``, which this package imports and which never imports it.
+
 Usage::
 
     python -m minidl_bench                   # every suite in SUITES, into results/<machine-tag>/
