@@ -28,6 +28,7 @@ def _duration(row):
     return row["end"] - row["start"]
 
 
+@pytest.mark.measures
 def test_check_slow_sample_accepts_the_reference_and_says_what_it_measured(capsys):
     check_slow_sample(find_slow_sample)
     out = capsys.readouterr().out

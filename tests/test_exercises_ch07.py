@@ -40,6 +40,7 @@ def learners_rounds(rounds=6, calls=5):
     return statistics.median(p / c for p, c in zip(per_call["pin"], per_call["copy"]))
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(60)
 def test_ch07_correct_solution_end_to_end(capsys):
     ch07.CALLS.clear()

@@ -51,6 +51,7 @@ def _rounds(loaders, rounds=5):
     return statistics.median(ratios)
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(60)
 def test_ch10_a_guessed_ratio_is_refused_and_the_measured_one_accepted(capsys):
     """The learner's rounds are stamped as they run: the README's 0.36, typed in or dressed up, is refused unless the

@@ -37,6 +37,7 @@ def _learners_rounds(rounds=3):
     return seconds, "vectorise" if seconds["vectorised"] < seconds["workers"] else "workers"
 
 
+@pytest.mark.measures
 @pytest.mark.timeout(120)
 def test_ch11_the_learners_own_epochs_decide_and_a_typed_or_borrowed_time_is_refused(capsys):
     """The epochs are noted on the checker's clock as the learner's cell runs them: the medians the cell computed

@@ -212,6 +212,7 @@ def test_ch12_a_time_epoch_that_leaves_workers_running_is_refused_and_they_are_e
     assert not multiprocessing.active_children() and not no_children_left()
 
 
+@pytest.mark.measures
 def test_ch12_num_workers_correct_choice_end_to_end(sweep, capsys):
     ch12.check_num_workers(4, SWEEP_TIMES, paced_timer())
     out = capsys.readouterr().out
