@@ -648,8 +648,9 @@ class _MultiProcessingDataLoaderIter(_BaseDataLoaderIter):
     #   2. Stop the pin-memory thread: set its done event, wake it with a dummy item, join it.
     #   3. Set workers_done_event. Workers stop fetching and only drain their index queue.
     #   4. Put the None sentinel on every index queue. Each worker leaves its loop when it reads it.
-    #   5. Join each worker for a bounded time. Close the index queues without waiting for their
-    #      feeder threads (cancel_join_thread): nobody will read what is left in them.
+    #   5. Join each worker for a bounded time, asking for its exit status too (_utils.join_worker: a spawned
+    #      worker's torch_shm_manager can keep the pipe join() waits on open). Close the index queues without
+    #      waiting for their feeder threads (cancel_join_thread): nobody will read what is left in them.
     #   6. Terminate any process worker still alive (stuck in user code) and join it, so no worker
     #      outlives the iterator. A thread worker cannot be killed. It is a daemon, and a thread stuck
     #      in a slow __getitem__ exits as soon as it gets back to the loop.
