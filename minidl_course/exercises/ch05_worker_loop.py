@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from minidl._utils import join_worker
 from minidl.collate import default_collate
 from minidl.worker import ExceptionWrapper, _worker_loop
 from minidl_course import toy
@@ -239,8 +240,8 @@ def run_worker_processes(worker_loop: Callable[..., None], dataset: Any, tasks: 
         for q in index_queues:  # only now: a tensor in shared memory must be received before its worker exits
             q.put(None)
         deadline = time.monotonic() + 30  # a spawned interpreter with torch imported: slow to tear down under load
-        while any(w.is_alive() for w in workers) and time.monotonic() < deadline:  # not join(): a worker's
-            time.sleep(0.01)  # torch_shm_manager (spawn, file_system sharing) holds the pipe join() waits on
+        for w in workers:  # the loader's join: join() alone waits on a pipe a worker's torch_shm_manager may hold
+            join_worker(w, max(0.0, deadline - time.monotonic()))
         if any(w.exitcode != 0 for w in workers):
             raise RuntimeError(f"30 s after the sentinels, exit codes {[w.exitcode for w in workers]} (None: running)")
         return answers
