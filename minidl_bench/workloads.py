@@ -45,8 +45,9 @@ class PythonWorkload:
     object belongs to the thread that made it: its owner updates the reference count with plain
     arithmetic, every other thread with an atomic operation on a count they all share. Constants made by
     the importing thread and passed to ``min``/``max`` 6,000 times a sample from two threads keep one
-    cache line moving between the cores: ``perf`` on 3.13t put 9.0% of the samples in ``_Py_DecRefShared``
-    (0.04% with copies; ``results/threads/perf_decref.txt``). Notebook 09 measures both side by side.
+    cache line moving between the cores: ``perf`` on 3.13t put 9.0% of the samples in ``_Py_DecRefShared`` on
+    an Intel Xeon and 2.9% on an AMD EPYC (0.04% and 0.01% with copies; ``results/threads/xeon/perf_decref.txt``,
+    ``results/threads/perf_decref.txt``). Notebook 09 measures both side by side.
     """
 
     def __init__(self, n: int, side: int = 32, shared_constants: bool = False) -> None:

@@ -243,10 +243,10 @@ def median_of(rounds: dict) -> float:
     return statistics.median(rounds.values())
 
 
-def threads_speedup(build: str, workload: str, method: str) -> float:
+def threads_speedup(build: str, workload: str, method: str, csv_file: str = "threads/threads_metrics.csv") -> float:
     """Samples/s with 2 workers of ``method`` over the same build's serial loader."""
     rate = {(r["interpreter"], r["workload"], r["method"], int(r["workers"])): float(r["samples_per_s_median"])
-            for r in read("threads/threads_metrics.csv")}
+            for r in read(csv_file)}
     return rate[build, workload, method, 2] / rate[build, workload, "serial", 0]
 
 
@@ -311,6 +311,13 @@ def expected_rows() -> list[tuple[str, str, str]]:
     share = dict(re.findall(r"^share (\w+) ([\d.]+) of", (RESULTS / "threads/perf_decref.txt").read_text(), re.M))
     out.append((f"{float(share['shared']):.1f}% / {float(share['own']):.2f}%", "`_Py_DecRefShared`",
                 "perf_decref.txt"))
+    xeon = "threads/xeon/threads_metrics.csv"
+    out.append((" / ".join(f"x{threads_speedup('free-threaded', name, 'thread', xeon):.2f}"
+                           for name in ("python-shared", "python")),
+                "the earlier run (another CPU)", "xeon/threads_metrics.csv"))
+    share = dict(re.findall(r"^share (\w+) ([\d.]+) of", (RESULTS / "threads/xeon/perf_decref.txt").read_text(), re.M))
+    out.append((f"{float(share['shared']):.1f}% / {float(share['own']):.2f}%", "the earlier run's `perf` samples",
+                "xeon/perf_decref.txt"))
     return out
 
 
@@ -339,3 +346,9 @@ def test_readme_headline_numbers_are_the_committed_ones():
     assert f"{cost:.2f} ({minidl:.1f} µs against {torch:.1f} µs)" in measured
     assert f"x{threads_speedup('free-threaded', 'python', 'thread'):.2f} on free-threaded" in measured
     assert f"x{threads_speedup('GIL', 'python', 'thread'):.2f} with the GIL" in measured
+    epochs = [r for r in read("threads/threads_metrics.csv") if (r["interpreter"], r["workload"], r["workers"]) in
+              {("GIL", "python", "2"), ("GIL", "python", "0")}]
+    serial = next(float(r["samples_per_s_median"]) for r in epochs if r["method"] == "serial")
+    thread = next(r for r in epochs if r["method"] == "thread")
+    low, high = (float(thread[f"samples_per_s_{s}"]) / serial for s in ("min", "max"))
+    assert f"(epochs x{low:.2f}-{high:.2f}: no gain)" in measured and high < 1
