@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import multiprocessing
 import os
 import time
 from collections import Counter
@@ -271,14 +273,23 @@ def test_a_batchs_pickling_lies_outside_every_samples_span(method):
         assert pickles[batch]["pid"] == note["pid"]
 
 
+def wait_for_each_other(barrier, worker_id: int) -> None:
+    barrier.wait(timeout=60)
+
+
+@pytest.mark.measures
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("method", ["fork", "spawn"])
 def test_the_diagnosis_leaves_out_the_workers_start_and_reads_the_same_under_spawn(method):
     # A spawned worker imports its modules anew (a second or more with torch) before its first fetch: the first
     # next() waits for that. Counted as waiting, it would drown the reordering cost (the in_order advice needs it
-    # to be a fifth of the waiting) under spawn only.
+    # to be a fifth of the waiting) under spawn only. The workers start fetching together (a barrier in
+    # worker_init_fn): on a busy machine one spawned worker can be up a second after the other, and batch 1 would
+    # then not be ready while the slow batch 0 is waited for.
+    barrier = multiprocessing.get_context(method).Barrier(2)
     loader = minidl.DataLoader(toy.SlowDataset(16, slow=(0,), slow_delay=0.5), batch_size=2, num_workers=2,
-                               trace=True, collate_fn=list, multiprocessing_context=method)
+                               trace=True, collate_fn=list, multiprocessing_context=method,
+                               worker_init_fn=functools.partial(wait_for_each_other, barrier))
     for _ in loader:
         pass
     d = loader.trace.diagnose()
