@@ -132,6 +132,14 @@ def test_ch07_a_ratio_is_held_to_the_median_of_the_clocked_calls_not_their_range
     ch07.judge(12.1234567, True, spread)
 
 
+def test_ch07_a_ratio_of_rounds_a_burst_of_load_lengthened_is_held_to_the_calls_means():
+    # A round's time is a sum: a burst of load that holds up two short copies moves the learner's per-round ratio
+    # towards the ratio of the calls' means, far from the ratio of their medians (30 here, means 6.1).
+    burst = ch07.Measured([30e-4] * 20, [1e-4] * 18 + [40e-4] * 2)
+    ch07.judge(8.0000001, True, burst)
+    rejects_with_hint(ch07.judge, 3.0000001, True, burst, hint="rounds you timed")
+
+
 _two_buffers = {}
 
 

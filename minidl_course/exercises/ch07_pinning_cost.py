@@ -1,7 +1,7 @@
 """Checker for ch07, without a GPU: a new buffer locked (``mlock``) per batch, timed against a reused one.
 
 The ``lock_pages`` and ``copy_into`` a learner imports from here clock each call into ``CALLS``: the learner's
-``ratio`` is held to what their own timed calls took on the checker's clock.
+``ratio`` is held to what those calls took, by their medians or, as a round's total counts a burst of load, their means.
 """
 
 from __future__ import annotations
@@ -67,8 +67,7 @@ def clocked(pin_copy: Any = None, calls: deque[tuple[str, float]] = CALLS) -> Me
 
 def check_pin_copy(pin_copy: Callable[..., np.ndarray], ratio: Any, reuse_pays: Any,
                    measure: Callable[[Callable], Measured] = clocked) -> Measured:
-    """Check ch07: ``pin_copy`` copies into a fresh, locked buffer; ``ratio`` and ``reuse_pays`` follow the
-    learner's own timed calls, as the checker clocked them."""
+    """Check ch07: ``pin_copy`` copies into a fresh, locked buffer; ``ratio`` and ``reuse_pays`` follow its timings."""
     return harness.measure_then_judge(
         [pin_copy], lambda checks: check_copies(pin_copy, checks), lambda: measure(pin_copy),
         lambda m: (f"Clocked: {len(m.pinned)} of your latest calls inside lock_pages, {len(m.reused)} of copy_into"
@@ -118,12 +117,13 @@ def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | Non
         checks.fail("ratio", f"the checker clocked fewer than {MIN_LOGGED} calls inside lock_pages or of copy_into",
                     "time both with the lock_pages and copy_into imported from this exercise (they clock each call), "
                     "several rounds of several calls, then report your ratio.")
+    means = statistics.fmean(measured.pinned) / statistics.fmean(measured.reused)
     harness.judge_figure(
-        checks, f"your ratio, {ratio!r}, against {measured.ratio:.2f} from your clocked calls", "ratio", ratio,
-        [measured.ratio], RATIO_FACTOR,
+        checks, f"your ratio, {ratio!r}, against {measured.ratio:.2f} (means: {means:.2f}) from your clocked calls",
+        "ratio", ratio, [measured.ratio, means], RATIO_FACTOR,
         "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.",
         f"that is more than {RATIO_FACTOR}x away from what your latest timed calls took on the checker's clock "
-        "(median time inside lock_pages / median copy_into)",
+        "(median time inside lock_pages / median copy_into, or the same with means)",
         "report the median per-round ratio pin_copy / copy_into of the rounds you timed, unrounded.",
         "you divided the other way round: pin_copy's time / the reused copy's time.")
     case = f"reuse_pays={reuse_pays!r}, with a new locked buffer {measured.ratio:.2f}x a reused copy"
