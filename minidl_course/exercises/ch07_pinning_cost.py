@@ -20,7 +20,7 @@ from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_difference
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
-RATIO_FACTOR = 1.5  # a ratio within this factor of the learner's clocked calls' ratio is accepted
+RATIO_FACTOR = 1.5  # a ratio within this factor of either ratio of the clocked calls (medians', means') is accepted
 LOGGED, MIN_LOGGED = 150, 20  # the latest calls of each kind the answers are held to; at least MIN_LOGGED of each
 CALLS: deque[tuple[str, float]] = deque(maxlen=4 * LOGGED)  # ("pin" or "copy", seconds) of each learner's call
 REUSE_PAYS = 1.5  # measured ratio above this: reusing pays, so reuse_pays must be True
