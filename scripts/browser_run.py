@@ -4,8 +4,10 @@
 
 A copy of notebooks/ goes to a temporary folder (the committed notebooks are never saved over), JupyterLab serves
 it on a free 127.0.0.1 port with a token, and for each notebook Chromium (Debian's package, driven by Playwright,
-no browser download) opens it, runs all cells in quick mode (MINIDL_QUICK=1 in the server's environment reaches
-every kernel), saves it and shuts its kernel down. A notebook fails on:
+no browser download) opens it in JupyterLab's page, runs all cells in quick mode (MINIDL_QUICK=1 in the server's
+environment reaches every kernel), waits until every cell has run, saves it, closes it and shuts its kernel down.
+Each browser loads JupyterLab's page once and opens notebook after notebook in it (loading the app takes seconds);
+after a notebook that failed, the next one gets a fresh page. A notebook fails on:
 
 - an error in a cell not tagged ``raises-exception`` (a cell so tagged errs on purpose: an unfilled exercise's
   ``YourTurn`` line, or a lesson showing torch's own error), or cells left unrun because Run All stopped;
@@ -13,7 +15,7 @@ every kernel), saves it and shuts its kernel down. A notebook fails on:
 - an error in the browser's console, or an uncaught exception in the page.
 
 Two notebooks run at a time (``--jobs``), each in a browser of its own against the one server: most of a
-notebook's time is spent waiting on its kernel's workers, the page's polling and the screenshot. An exercise whose
+notebook's time is spent waiting on its kernel's workers. An exercise whose
 checker times the learner's code against its own clock (``TIMED``) runs alone, after the rest, as in
 ``make mac``: beside another notebook its measurements, seconds apart, would see different machines.
 
@@ -24,6 +26,7 @@ happened.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import secrets
@@ -135,41 +138,81 @@ def judge(committed: dict, ran: dict) -> list[str]:
     return problems
 
 
-def run_notebook(context, base: str, token: str, folder: Path, rel: str, shots: Path) -> list[str]:
+OPEN = """async (rel) => {
+    const w = await window.jupyterapp.commands.execute('docmanager:open', {path: rel, factory: 'Notebook'});
+    await w.context.ready;
+    await w.sessionContext.ready;
+}"""
+# The kernel is up once JupyterLab reports it idle; Run All before that would queue behind its start.
+IDLE = ("() => { const w = window.jupyterapp.shell.currentWidget; const k = w && w.sessionContext &&"
+        " w.sessionContext.session && w.sessionContext.session.kernel; return k && k.status === 'idle'; }")
+# Outputs and execution counts are cleared first, so a cell has a count again only once it has run in this page.
+RUN_ALL = """async () => {
+    await window.jupyterapp.commands.execute('notebook:clear-all-cell-outputs');
+    window.jupyterapp.commands.execute('notebook:run-all-cells');
+}"""
+# The code cells (with code in them) still without an execution count, the kernel's status, and the prompts.
+STATE = """() => {
+    const w = window.jupyterapp.shell.currentWidget;
+    const waiting = [...w.content.model.cells].filter(c => c.type === 'code' && c.sharedModel.getSource().trim()
+                                                           && c.executionCount == null).length;
+    const prompts = [...document.querySelectorAll('.jp-InputPrompt')].map(p => p.textContent).join('|');
+    return [waiting, w.sessionContext.session.kernel.status, prompts];
+}"""
+SAVE = """async () => {
+    const w = window.jupyterapp.shell.currentWidget;
+    await window.jupyterapp.commands.execute('docmanager:save');
+    return !w.context.model.dirty;
+}"""
+# Every notebook in the main area closed and its kernel shut down; a page that does not manage it in 60 s is replaced.
+CLOSE = """async () => {
+    const close = async () => {
+        for (const w of [...window.jupyterapp.shell.widgets('main')]) {
+            if (w.sessionContext) { await w.sessionContext.shutdown(); }
+            w.dispose();
+        }
+        return 'closed';
+    };
+    return await Promise.race([close(), new Promise(resolve => setTimeout(() => resolve('timeout'), 60000))]);
+}"""
+
+
+def open_lab(context, base: str, token: str, console: list[str]):
+    """One JupyterLab page, loaded once and reused for notebook after notebook (loading the app costs seconds)."""
     page = context.new_page()
-    console = []
     page.on("console", lambda m: console.append(f"console {m.type}: {m.text[:300]}") if m.type == "error" else None)
     page.on("pageerror", lambda e: console.append(f"page error: {e}"))
+    page.goto(f"{base}/lab?reset&token={token}")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell", timeout=120_000)
+    page.evaluate("() => window.jupyterapp.restored")
+    return page
+
+
+def run_notebook(page, console: list[str], base: str, token: str, folder: Path, rel: str, shots: Path) -> list[str]:
+    """Open notebooks/<rel> in the page, Run All, save, judge, close it and shut its kernel down."""
+    console.clear()
     try:
-        page.goto(f"{base}/lab/tree/{rel}?reset&token={token}")
+        page.evaluate(OPEN, rel)
         page.wait_for_selector(".jp-NotebookPanel .jp-Notebook", timeout=120_000)
-        # The kernel is up once JupyterLab reports it idle; Run All before that would queue behind its start.
-        page.wait_for_function("() => { const w = window.jupyterapp.shell.currentWidget;"
-                               " return w && w.sessionContext && w.sessionContext.session &&"
-                               " w.sessionContext.session.kernel &&"
-                               " w.sessionContext.session.kernel.status === 'idle'; }",
-                               timeout=120_000)
-        page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-        # Done when no cell waits or runs ("[*]"), the kernel is idle, and that has held for 3 s: between two
-        # cells the kernel can be idle for a moment while the next one is still to be sent.
-        state = ("() => { const w = window.jupyterapp.shell.currentWidget;"
-                 " const prompts = [...document.querySelectorAll('.jp-InputPrompt')].map(p => p.textContent);"
-                 " return [prompts.some(t => t.includes('*')), w.sessionContext.session.kernel.status,"
-                 " prompts.join('|')]; }")
-        deadline, quiet_since, last = time.monotonic() + NOTEBOOK_TIMEOUT, None, None
+        page.wait_for_function(IDLE, timeout=120_000)
+        page.evaluate(RUN_ALL)
+        # Done when every cell has run and the kernel is idle, twice in a row. When Run All stopped early (an error in
+        # an untagged cell), some cells never run: then done once the kernel has been idle, nothing changing, for 3 s.
+        deadline, quiet_since, last, finished = time.monotonic() + NOTEBOOK_TIMEOUT, None, None, 0
         while True:
-            busy, status, prompts = page.evaluate(state)
+            waiting, status, prompts = page.evaluate(STATE)
             now = time.monotonic()
-            settled = not busy and status == "idle" and prompts == last
+            finished = finished + 1 if waiting == 0 and status == "idle" else 0
+            settled = status == "idle" and "*" not in prompts and prompts == last
             quiet_since = (quiet_since or now) if settled else None
-            if quiet_since is not None and now - quiet_since >= 3:
+            if finished >= 2 or (quiet_since is not None and now - quiet_since >= 3):
                 break
             if now > deadline:
                 raise TimeoutError(f"Run All still running after {NOTEBOOK_TIMEOUT:.0f} s")
             last = prompts
-            time.sleep(1)
-        page.evaluate("() => window.jupyterapp.commands.execute('docmanager:save')")
-        page.wait_for_function("() => !window.jupyterapp.shell.currentWidget.context.model.dirty", timeout=60_000)
+            time.sleep(0.25)
+        if not page.evaluate(SAVE):
+            raise RuntimeError("the notebook was still unsaved after docmanager:save")
         committed = json.loads((ROOT / "notebooks" / rel).read_text())
         ran = json.loads((folder / rel).read_text())
         problems = judge(committed, ran)
@@ -178,18 +221,23 @@ def run_notebook(context, base: str, token: str, folder: Path, rel: str, shots: 
         page.screenshot(path=str(shots / (rel.replace("/", "__") + ".png")), full_page=True)
     except Exception as error:  # noqa: BLE001 -- a time-out or a page that broke: the notebook fails, the run goes on
         problems = [f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"]
-        page.screenshot(path=str(shots / (rel.replace("/", "__") + ".failed.png")), full_page=True)
-    finally:
-        for session in api(base, token, "/api/sessions"):  # this notebook's kernel only: another page may be running
-            if session.get("path") == rel:
-                api(base, token, f"/api/sessions/{session['id']}", method="DELETE")
-        page.close()
+        with contextlib.suppress(Exception):  # a page that crashed takes no screenshot
+            page.screenshot(path=str(shots / (rel.replace("/", "__") + ".failed.png")), full_page=True)
+    try:
+        if page.evaluate(CLOSE) != "closed":
+            problems.append("closing the notebook and shutting its kernel down took over 60 s")
+    except Exception as error:  # noqa: BLE001 -- the page is replaced for the next notebook (run_queue)
+        problems.append(f"closing the notebook: {type(error).__name__}: {str(error).splitlines()[0][:300]}")
+    for session in api(base, token, "/api/sessions"):  # this notebook's kernel, if the page left it running
+        if session.get("path") == rel:
+            api(base, token, f"/api/sessions/{session['id']}", method="DELETE")
     return problems + console
 
 
-def run_queue(queue: list[str], run_one, done) -> None:
-    """One browser of its own, on this thread (Playwright's sync API serves only the thread that started it), running
-    the queue's notebooks one after another until the queue is empty."""
+def run_queue(queue: list[str], base: str, token: str, run_one, done) -> None:
+    """One browser of its own, on this thread (Playwright's sync API serves only the thread that started it), with
+    one JupyterLab page running the queue's notebooks one after another until the queue is empty. A notebook that
+    broke the page gets a fresh one for the next."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -197,13 +245,22 @@ def run_queue(queue: list[str], run_one, done) -> None:
                                      args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
         try:
             context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            console: list[str] = []
+            page = None
             while True:
                 try:
                     rel = queue.pop(0)  # list.pop is atomic: two threads never take the same notebook
                 except IndexError:
                     return
                 start = time.monotonic()
-                done(rel, run_one(context, rel), time.monotonic() - start)
+                if page is None:
+                    page = open_lab(context, base, token, console)
+                problems = run_one(page, console, rel)
+                if problems:  # whatever went wrong stays with this notebook: the next one gets a fresh page
+                    with contextlib.suppress(Exception):
+                        page.close()
+                    page = None
+                done(rel, problems, time.monotonic() - start)
         finally:
             browser.close()
 
@@ -237,17 +294,20 @@ def main() -> int:
             (folder.parent / name).symlink_to(ROOT / name)
         port, token = free_port(), secrets.token_hex(16)
 
-        def run_one(context, rel: str) -> list[str]:
-            return run_notebook(context, f"http://127.0.0.1:{port}", token, folder, rel, shots)
+        base = f"http://127.0.0.1:{port}"
+
+        def run_one(page, console: list[str], rel: str) -> list[str]:
+            return run_notebook(page, console, base, token, folder, rel, shots)
 
         with open(shots / "jupyterlab.log", "w") as log:
             server = start_lab(folder, port, token, log)
             try:
                 shared = [r for r in rels if r not in alone]
-                with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-                    for future in [pool.submit(run_queue, shared, run_one, done) for _ in range(max(1, args.jobs))]:
+                jobs = max(1, args.jobs)
+                with ThreadPoolExecutor(jobs) as pool:
+                    for future in [pool.submit(run_queue, shared, base, token, run_one, done) for _ in range(jobs)]:
                         future.result()
-                run_queue(list(alone), run_one, done)
+                run_queue(list(alone), base, token, run_one, done)
             finally:
                 stop_lab(server)
     recap(failures)
