@@ -13,8 +13,12 @@ started that is still running after it (scripts/cell_leaks.py: its command line 
 killed so the run goes on).
 
 Left out unless ``--all`` or named: notebooks that start no process worker and ask the platform nothing
-(``SKIPPED``): the start method cannot change them, and ``make nbval`` runs them. ``make test`` runs this script:
-it is CI's spawn run of the notebooks.
+(``SKIPPED``): the start method cannot change them, and ``make nbval`` runs them. And an unfilled exercise whose
+solution runs here, when it runs nothing under spawn that its solution does not (``repeats_its_solution``): each
+of its code cells ran without an error in the committed run and is one of the solution's cells or starts no process
+and asks nothing, or is a learner's cell (tagged ``raises-exception``) that stopped at ``YourTurn`` in the kernel
+itself, not in a worker. ``make nbval`` (forkserver, outputs compared) and the browser run (fork) run those too.
+``make test`` runs this script: it is CI's spawn run of the notebooks.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,8 +48,38 @@ SKIPPED = (
     "exercises/ch03_collate.ipynb",
     "exercises/ch03_collate_solution.ipynb",
 )
+# What in a cell can start a process or ask the platform (checked against SKIPPED by tests/test_mac_standin.py).
+PLATFORM_OR_PROCESS = re.compile(r"num_workers\s*=\s*[1-9a-zA-Z_]|multiprocessing|Pool\(|Process\(|psutil|/proc|"
+                                 r"/dev/shm|sharing_strateg|cpu_count|sched_|core_count|worker_sweep|osfacts|subprocess|"
+                                 r"fork(?!_rng)|spawn|describe|machine_info")  # the last two: the machine's name
 CELL_TIMEOUT = int(os.environ.get("MAC_CELL_TIMEOUT", "600"))
 
+
+
+def code_cells(rel: str) -> list[dict]:
+    return [c for c in json.loads((ROOT / "notebooks" / rel).read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def stopped_at_your_turn_in_the_kernel(cell: dict) -> bool:
+    """A learner's cell whose committed run raised YourTurn in the kernel (a worker's would read "Caught ...")."""
+    errors = [out for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+    return ("raises-exception" in cell.get("metadata", {}).get("tags", []) and len(errors) == 1
+            and errors[0]["ename"] == "YourTurn" and errors[0]["evalue"].startswith("your turn:"))
+
+
+def repeats_its_solution(rel: str, rels: list[str]) -> bool:
+    """Whether unfilled exercise ``rel`` runs nothing under spawn that its solution, also in ``rels``, does not."""
+    solution = rel.removesuffix(".ipynb") + "_solution.ipynb"
+    if not rel.startswith("exercises/") or rel.endswith("_solution.ipynb") or solution not in rels:
+        return False
+    shared = {"".join(c["source"]) for c in code_cells(solution)}
+
+    def ran_as_in_the_solution(cell: dict) -> bool:  # an error would be the learner's unfilled code, run differently
+        source = "".join(cell["source"])
+        return (not any(out.get("output_type") == "error" for out in cell.get("outputs", []))
+                and (source in shared or not PLATFORM_OR_PROCESS.search(source)))
+
+    return all(ran_as_in_the_solution(c) or stopped_at_your_turn_in_the_kernel(c) for c in code_cells(rel))
 
 
 def run_one(rel: str, out: Path | None) -> tuple[str, list[str], float]:
@@ -88,7 +123,7 @@ def run_one(rel: str, out: Path | None) -> tuple[str, list[str], float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("notebooks", nargs="*", help="paths under notebooks/ (default: all but SKIPPED)")
-    parser.add_argument("--all", action="store_true", help="run the SKIPPED notebooks too")
+    parser.add_argument("--all", action="store_true", help="run the SKIPPED notebooks and every unfilled exercise too")
     parser.add_argument("--jobs", type=int, default=2, help="notebooks run at once (default 2)")
     parser.add_argument("--out", type=Path, help="save the executed notebooks under this folder")
     args = parser.parse_args()
@@ -96,6 +131,8 @@ def main() -> int:
                    if ".ipynb_checkpoints" not in str(p))
     rels = [r.removeprefix("notebooks/") for r in args.notebooks] or [
         r for r in every if args.all or r not in SKIPPED]
+    repeats = [] if args.notebooks or args.all else [r for r in rels if repeats_its_solution(r, rels)]
+    rels = [r for r in rels if r not in repeats]
     # Set here, inherited by each kernel and everything it starts.
     os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(STANDIN)])
     os.environ["MINIDL_QUICK"] = "1"
@@ -112,7 +149,8 @@ def main() -> int:
     recap(failures)
     left_out = ", ".join(r for r in SKIPPED if r not in rels) or "none"
     why = ("only the notebooks named ran" if args.notebooks
-           else f"left out as starting no process and asking nothing: {left_out}")
+           else f"left out as starting no process and asking nothing: {left_out}; as repeating their solutions "
+                f"under spawn: {', '.join(repeats) or 'none'}")
     print(f"Mac stand-in: {len(rels) - len(failures)} passed, {len(failures)} failed, {len(every) - len(rels)} not "
           f"run ({why}), {time.monotonic() - start:.0f} s")
     return 1 if failures else 0

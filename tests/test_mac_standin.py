@@ -97,23 +97,78 @@ def test_a_minidl_loader_runs_in_it_with_file_system_sharing():
     assert got == [True, True, 4.0]
 
 
-PLATFORM_OR_PROCESS = re.compile(r"num_workers\s*=\s*[1-9a-zA-Z_]|multiprocessing|Pool\(|Process\(|psutil|/proc|"
-                                 r"/dev/shm|sharing_strateg|cpu_count|sched_|core_count|worker_sweep|osfacts|subprocess|fork|spawn")
+def mac_run():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import mac_run
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return mac_run
+
+
+def code_and_checker(rel: str) -> str:
+    """A notebook's code, with its exercise checker's module (the checker runs code too)."""
+    cells = json.loads((ROOT / "notebooks" / rel).read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    checkers = ROOT / "minidl_course" / "exercises"
+    modules = {checkers / f"{m}.py" for m in re.findall(r"minidl_course\.exercises\.(\w+)", code)}
+    if rel.startswith("exercises/"):  # exercises/ch01_nogil_threads.ipynb is checked by ch01_nogil.py
+        modules |= {m for m in checkers.glob("ch*.py") if Path(rel).stem.startswith(m.stem)}
+        assert modules, f"no checker module found for {rel}"
+    return code + "".join(m.read_text() for m in sorted(modules))
 
 
 def test_the_notebooks_make_mac_leaves_out_start_no_process_and_ask_the_platform_nothing():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    try:
-        from mac_run import SKIPPED
-    finally:
-        sys.path.remove(str(ROOT / "scripts"))
-    assert SKIPPED
-    for rel in SKIPPED:
-        cells = json.loads((ROOT / "notebooks" / rel).read_text())["cells"]
-        code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
-        modules = re.findall(r"minidl\.course\.exercises\.(\w+)", code)  # an exercise's checker runs code too
-        code += "".join((ROOT / "minidl" / "course" / "exercises" / f"{m}.py").read_text() for m in modules)
-        assert not PLATFORM_OR_PROCESS.findall(code), (rel, PLATFORM_OR_PROCESS.findall(code))
+    run_ = mac_run()
+    assert run_.SKIPPED
+    for rel in run_.SKIPPED:
+        found = run_.PLATFORM_OR_PROCESS.findall(code_and_checker(rel))
+        assert not found, (rel, found)
+    # the pattern sees a checker's processes: ch05_worker_loop's checker starts workers
+    assert run_.PLATFORM_OR_PROCESS.search(code_and_checker("exercises/ch05_worker_loop.ipynb"))
+
+
+def cell(source: str, tags=(), error: tuple[str, str] | None = None) -> dict:
+    outputs = [{"output_type": "error", "ename": error[0], "evalue": error[1], "traceback": []}] if error else []
+    return {"cell_type": "code", "source": [source], "metadata": {"tags": list(tags)}, "outputs": outputs}
+
+
+YOUR_TURN = ("YourTurn", "your turn: write the code marked YOUR CODE HERE, then run this cell again")
+SOLUTION = [cell("import minidl"), cell("loader = minidl.DataLoader(ds, num_workers=2)"), cell("check(mine)")]
+
+
+@pytest.mark.parametrize("unfilled, repeats", [
+    ([cell("import minidl"), cell("loader = minidl.DataLoader(ds, num_workers=2)"),
+      cell("check(mine)", ["raises-exception"], YOUR_TURN)], True),
+    ([cell("import minidl, numpy"), cell("loader = minidl.DataLoader(ds, num_workers=2)")], True),  # starts nothing
+    # a cell of its own that starts workers
+    ([cell("loader = minidl.DataLoader(ds, num_workers=4)")], False),
+    # the solution's own cell, but it erred: it ran the learner's unfilled code
+    ([cell("loader = minidl.DataLoader(ds, num_workers=2)", error=YOUR_TURN)], False),
+    # stopped at YourTurn in a worker, not in the kernel
+    ([cell("run_workers(mine, num_workers=2)", ["raises-exception"], ("YourTurn", "Caught YourTurn in worker 1"))],
+     False),
+])
+def test_make_mac_leaves_out_an_unfilled_exercise_only_where_spawn_runs_nothing_its_solution_does_not(
+        monkeypatch, unfilled, repeats):
+    run_ = mac_run()
+    monkeypatch.setattr(run_, "code_cells", lambda rel: SOLUTION if rel.endswith("_solution.ipynb") else unfilled)
+    both = ["exercises/chX_task.ipynb", "exercises/chX_task_solution.ipynb"]
+    assert run_.repeats_its_solution(both[0], both) is repeats
+    assert not run_.repeats_its_solution(both[0], both[:1])  # its solution does not run here
+    assert not run_.repeats_its_solution(both[1], both)  # a solution always runs
+
+
+def test_the_unfilled_exercises_make_mac_runs_are_those_whose_learners_code_reaches_a_worker_or_the_platform():
+    run_ = mac_run()
+    rels = sorted(str(p.relative_to(ROOT / "notebooks")) for p in (ROOT / "notebooks" / "exercises").glob("*.ipynb"))
+    kept = [r for r in rels if not r.endswith("_solution.ipynb") and not run_.repeats_its_solution(r, rels)]
+    # ch05_worker_loop's unfilled worker loop raises YourTurn in its worker processes; the others read platform
+    # facts (the machine's name, osfacts, the core count) in a cell of their own. The unfilled exercises left out
+    # stop at YourTurn in the kernel, with the solution's cells before it.
+    assert kept == [f"exercises/{name}.ipynb" for name in (
+        "ch01_nogil_threads", "ch04_slow_sample", "ch05_worker_loop", "ch07_pinning_cost", "ch09_threads_or_processes",
+        "ch10_overhead_ratio", "ch11_vectorise_or_workers", "ch12_pitfalls_debug")]
 
 
 def test_torch_reports_apple_mps_and_both_loaders_turn_pinning_off():
