@@ -55,7 +55,6 @@ PLATFORM_OR_PROCESS = re.compile(r"num_workers\s*=\s*[1-9a-zA-Z_]|multiprocessin
 CELL_TIMEOUT = int(os.environ.get("MAC_CELL_TIMEOUT", "600"))
 
 
-
 def code_cells(rel: str) -> list[dict]:
     return [c for c in json.loads((ROOT / "notebooks" / rel).read_text())["cells"] if c["cell_type"] == "code"]
 
