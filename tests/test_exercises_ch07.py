@@ -137,7 +137,10 @@ def test_ch07_a_ratio_of_rounds_a_burst_of_load_lengthened_is_held_to_the_calls_
     # towards the ratio of the calls' means, far from the ratio of their medians (30 here, means 6.1).
     burst = ch07.Measured([30e-4] * 20, [1e-4] * 18 + [40e-4] * 2)
     ch07.judge(8.0000001, True, burst)
-    rejects_with_hint(ch07.judge, 3.0000001, True, burst, hint="rounds you timed")
+    # rounds a burst reached in part: the median round's ratio lies between the two, far (here 1.8x, 2.8x) from both
+    ch07.judge(17.0000001, True, burst)
+    for wrong in (3.0000001, 70.0000001):
+        rejects_with_hint(ch07.judge, wrong, True, burst, hint="rounds you timed")
 
 
 _two_buffers = {}

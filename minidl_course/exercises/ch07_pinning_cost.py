@@ -20,7 +20,7 @@ from minidl_course.exercises import _measure as harness
 from minidl_course.exercises._common import _Checks, call, first_difference
 
 BATCH_BYTES = 2 << 20  # 2 MiB: `ulimit -l` is often 8 MiB, and lock_pages must fit under it
-RATIO_FACTOR = 1.5  # a ratio within this factor of either ratio of the clocked calls (medians', means') is accepted
+RATIO_FACTOR = 1.5  # a ratio within this factor of the clocked calls' medians' or means' ratio, or between, passes
 LOGGED, MIN_LOGGED = 150, 20  # the latest calls of each kind the answers are held to; at least MIN_LOGGED of each
 CALLS: deque[tuple[str, float]] = deque(maxlen=4 * LOGGED)  # ("pin" or "copy", seconds) of each learner's call
 REUSE_PAYS = 1.5  # measured ratio above this: reusing pays, so reuse_pays must be True
@@ -120,10 +120,10 @@ def judge(ratio: Any, reuse_pays: Any, measured: Measured, checks: _Checks | Non
     means = statistics.fmean(measured.pinned) / statistics.fmean(measured.reused)
     harness.judge_figure(
         checks, f"your ratio, {ratio!r}, against {measured.ratio:.2f} (means: {means:.2f}) from your clocked calls",
-        "ratio", ratio, [measured.ratio, means], RATIO_FACTOR,
+        "ratio", ratio, [measured.ratio * (means / measured.ratio) ** (k / 4) for k in range(5)], RATIO_FACTOR,
         "report pin_copy's time per batch divided by the reused copy's time, a float such as 4.2.",
         f"that is more than {RATIO_FACTOR}x away from what your latest timed calls took on the checker's clock "
-        "(median time inside lock_pages / median copy_into, or the same with means)",
+        "(median time inside lock_pages / median copy_into, or the same with means, or between the two)",
         "report the median per-round ratio pin_copy / copy_into of the rounds you timed, unrounded.",
         "you divided the other way round: pin_copy's time / the reused copy's time.")
     case = f"reuse_pays={reuse_pays!r}, with a new locked buffer {measured.ratio:.2f}x a reused copy"
