@@ -116,16 +116,22 @@ def test_persistent_workers_after_a_dead_worker_raise_naming_it_not_a_closed_que
     del loader
 
 
+# The slow batch's worker starts it as soon as it is free, before the main process asks for it, and a busy machine
+# can put half a second between the two: the delay outlasts the timeout by 1.5 s, and after the timeout the wait
+# left for that batch (1.5 s) is 1.5 s inside the next one.
+TIMEOUT, SLOW = 3.0, 4.5
+
+
 @pytest.mark.parametrize("worker_method", METHODS)
 def test_after_a_timeout_the_iterator_serves_the_rest_of_the_epoch(worker_method):
     up = WorkersUp(2)
-    loader = minidl.DataLoader(toy.SlowOnceDataset(12, slow_index=4, delay=1.5), batch_size=2, num_workers=2,
-                               timeout=1.0, worker_method=worker_method, collate_fn=COLLATE,
+    loader = minidl.DataLoader(toy.SlowOnceDataset(12, slow_index=4, delay=SLOW), batch_size=2, num_workers=2,
+                               timeout=TIMEOUT, worker_method=worker_method, collate_fn=COLLATE,
                                worker_init_fn=up.worker_init_fn)
     it = iter(loader)
     up.wait()  # time the slow batch, not the start-up
     got = [next(it), next(it)]
-    with pytest.raises(RuntimeError, match="DataLoader timed out after 1.0 seconds"):
+    with pytest.raises(RuntimeError, match=f"DataLoader timed out after {TIMEOUT} seconds"):
         next(it)
     got += list(it)  # the slow batch arrives after all, and then the rest: a full epoch, in order
     assert flat(got) == list(range(12))
@@ -134,8 +140,8 @@ def test_after_a_timeout_the_iterator_serves_the_rest_of_the_epoch(worker_method
 @pytest.mark.parametrize("worker_method", METHODS)
 def test_persistent_workers_serve_the_next_epoch_after_a_timeout(worker_method):
     up = WorkersUp(2)
-    loader = minidl.DataLoader(toy.SlowOnceDataset(12, slow_index=4, delay=1.5), batch_size=2, num_workers=2,
-                               timeout=1.0, worker_method=worker_method, persistent_workers=True,
+    loader = minidl.DataLoader(toy.SlowOnceDataset(12, slow_index=4, delay=SLOW), batch_size=2, num_workers=2,
+                               timeout=TIMEOUT, worker_method=worker_method, persistent_workers=True,
                                collate_fn=COLLATE, worker_init_fn=up.worker_init_fn)
     it = iter(loader)
     up.wait()  # time the slow batch, not the start-up
